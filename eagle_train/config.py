@@ -1,0 +1,143 @@
+"""Typed configuration: strict pydantic models, YAML files, ``--set a.b=c`` overrides.
+
+Every config section is a ``StrictModel`` (unknown keys are errors). ``load_config`` reads a
+YAML file, applies overrides and validates; a bad key or value raises ``ConfigError`` naming
+the file, the line, the dotted key and what was expected.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+M = TypeVar("M", bound=BaseModel)
+
+
+class StrictModel(BaseModel):
+    """Base of every config section: unknown keys are errors, fields are validated on set."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class ConfigError(ValueError):
+    """A user mistake in a config file or an override."""
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    """``"optim.lr=3e-4"`` -> ``(["optim", "lr"], 3e-4)``; the value is parsed as YAML."""
+    key, sep, raw = text.partition("=")
+    key = key.strip()
+    if not sep or not key or any(not part for part in key.split(".")):
+        raise ConfigError(f"--set {text!r}: expected KEY=VALUE with a dotted key, e.g. optim.lr=3e-4")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"--set {text!r}: value is not valid YAML: {exc}") from None
+    return key.split("."), value
+
+
+def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """Return a copy of ``data`` with each ``a.b=c`` override set (creating sections as needed)."""
+    out = _deep_copy(data)
+    for text in overrides:
+        path, value = parse_override(text)
+        node = out
+        for part in path[:-1]:
+            child = node.get(part)
+            if child is None:
+                child = node[part] = {}
+            elif not isinstance(child, dict):
+                raise ConfigError(f"--set {text!r}: {part!r} is a value, not a section")
+            node = child
+        node[path[-1]] = value
+    return out
+
+
+def load_config(
+    model: type[M], path: str | Path | None = None, overrides: list[str] | None = None
+) -> M:
+    """Read ``path`` (YAML, optional), apply ``overrides``, validate into ``model``."""
+    data: dict[str, Any] = {}
+    lines: dict[tuple[str, ...], int] = {}
+    source = "<overrides>"
+    if path is not None:
+        source = str(path)
+        data, lines = read_yaml(Path(path))
+    data = apply_overrides(data, list(overrides or []))
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(format_validation_error(exc, source, lines)) from None
+
+
+def read_yaml(path: Path) -> tuple[dict[str, Any], dict[tuple[str, ...], int]]:
+    """Parse a YAML mapping and remember the line of every key (for error messages)."""
+    if not path.is_file():
+        raise ConfigError(f"{path}: config file not found")
+    text = path.read_text()
+    try:
+        node = yaml.compose(text)
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+    if data is None:
+        return {}, {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a mapping of config sections at the top level")
+    lines: dict[tuple[str, ...], int] = {}
+    _collect_lines(node, (), lines)
+    return data, lines
+
+
+def format_validation_error(
+    exc: ValidationError, source: str, lines: dict[tuple[str, ...], int]
+) -> str:
+    messages = []
+    for err in exc.errors():
+        loc = tuple(str(p) for p in err["loc"])
+        key = ".".join(loc) or "<root>"
+        line = _nearest_line(loc, lines)
+        where = f"{source}:{line}" if line else source
+        if err["type"] == "extra_forbidden":
+            messages.append(f"{where}: unknown key {key!r}")
+        elif err["type"] == "missing":
+            messages.append(f"{where}: missing required key {key!r}")
+        else:
+            got = err.get("input")
+            messages.append(f"{where}: key {key!r}: {err['msg']} (got {got!r})")
+    return "invalid config:\n  " + "\n  ".join(messages)
+
+
+def _nearest_line(loc: tuple[str, ...], lines: dict[tuple[str, ...], int]) -> int | None:
+    for n in range(len(loc), 0, -1):
+        if loc[:n] in lines:
+            return lines[loc[:n]]
+    return None
+
+
+def _collect_lines(node: Any, prefix: tuple[str, ...], out: dict[tuple[str, ...], int]) -> None:
+    if isinstance(node, yaml.MappingNode):
+        for key_node, value_node in node.value:
+            key = prefix + (str(key_node.value),)
+            out[key] = key_node.start_mark.line + 1
+            _collect_lines(value_node, key, out)
+    elif isinstance(node, yaml.SequenceNode):
+        for i, item in enumerate(node.value):
+            out[prefix + (str(i),)] = item.start_mark.line + 1
+            _collect_lines(item, prefix + (str(i),), out)
+
+
+def _deep_copy(data: Any) -> Any:
+    if isinstance(data, dict):
+        return {k: _deep_copy(v) for k, v in data.items()}
+    if isinstance(data, list):
+        return [_deep_copy(v) for v in data]
+    return data
+
+
+def dump_config(cfg: BaseModel, path: str | Path) -> None:
+    """Write a resolved config as YAML (round-trips through ``load_config``)."""
+    Path(path).write_text(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))
