@@ -79,3 +79,4 @@ def prepare_data(
     except (ConfigError, DataError) as exc:
         raise _fail(exc) from None
     typer.echo(report.summary())
+

@@ -66,11 +66,13 @@ def load_config(
     if path is not None:
         source = str(path)
         data, lines = read_yaml(Path(path))
-    data = apply_overrides(data, list(overrides or []))
+    overrides = list(overrides or [])
+    data = apply_overrides(data, overrides)
     try:
         return model.model_validate(data)
     except ValidationError as exc:
-        raise ConfigError(format_validation_error(exc, source, lines)) from None
+        overridden = {tuple(parse_override(text)[0]): text for text in overrides}
+        raise ConfigError(format_validation_error(exc, source, lines, overridden)) from None
 
 
 def read_yaml(path: Path) -> tuple[dict[str, Any], dict[tuple[str, ...], int]]:
@@ -93,14 +95,21 @@ def read_yaml(path: Path) -> tuple[dict[str, Any], dict[tuple[str, ...], int]]:
 
 
 def format_validation_error(
-    exc: ValidationError, source: str, lines: dict[tuple[str, ...], int]
+    exc: ValidationError,
+    source: str,
+    lines: dict[tuple[str, ...], int],
+    overridden: dict[tuple[str, ...], str] | None = None,
 ) -> str:
+    """One line per error: where it came from (file:line or the --set), key, expectation."""
     messages = []
     for err in exc.errors():
         loc = tuple(str(p) for p in err["loc"])
         key = ".".join(loc) or "<root>"
         line = _nearest_line(loc, lines)
         where = f"{source}:{line}" if line else source
+        for path, text in (overridden or {}).items():
+            if loc[: len(path)] == path:
+                where = f"--set {text!r}"
         if err["type"] == "extra_forbidden":
             messages.append(f"{where}: unknown key {key!r}")
         elif err["type"] == "missing":

@@ -1,0 +1,199 @@
+"""Generation backends for regenerating assistant turns: vLLM, or transformers ``generate``.
+
+Both take token-id prompts (never text: a tokenizer would add a second bos to a rendered
+prompt that already has one) and return the generated ids, cut after the first stop token.
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal, Protocol
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+BackendName = Literal["auto", "vllm", "transformers"]
+
+
+@dataclass(frozen=True)
+class GenerationSettings:
+    dtype: str
+    temperature: float
+    top_p: float
+    seed: int
+    stop_token_ids: tuple[int, ...]
+    pad_token_id: int
+    max_model_len: int
+    kv_cache_memory_bytes: int | None = None
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+class GenerationBackend(Protocol):
+    name: str
+
+    def generate(
+        self, prompts: list[list[int]], max_new_tokens: list[int], seeds: list[int]
+    ) -> list[list[int]]:
+        """Generated ids per prompt: at most ``max_new_tokens[i]``, ending at a stop token if any."""
+        ...
+
+    def close(self) -> None: ...
+
+
+def create_backend(
+    name: BackendName, model: Path, tokenizer: Path, settings: GenerationSettings
+) -> GenerationBackend:
+    if name == "auto":
+        name = "vllm" if _vllm_importable() else "transformers"
+    logger.info("regenerating with the %s backend (%s, dtype %s)", name, model, settings.dtype)
+    if name == "vllm":
+        return VllmBackend(model, tokenizer, settings)
+    return TransformersBackend(model, settings)
+
+
+def _vllm_importable() -> bool:
+    _set_vllm_env()
+    try:
+        import vllm  # noqa: F401
+    except Exception as exc:  # a broken install raises more than ImportError
+        logger.info("vLLM not usable (%s: %s); using transformers", type(exc).__name__, exc)
+        return False
+    return True
+
+
+def _set_vllm_env() -> None:
+    # An in-process engine starts in seconds instead of tens of seconds and needs no spawn;
+    # setdefault keeps whatever the user chose.
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+
+
+def cut_at_stop(ids: list[int], stop_ids: tuple[int, ...], limit: int) -> list[int]:
+    """Ids up to and including the first stop token, at most ``limit`` of them."""
+    stops = set(stop_ids)
+    for i, token in enumerate(ids[:limit]):
+        if token in stops:
+            return ids[: i + 1]
+    return ids[:limit]
+
+
+class TransformersBackend:
+    name = "transformers"
+
+    def __init__(self, model: Path, settings: GenerationSettings) -> None:
+        from transformers import AutoModelForCausalLM, GenerationConfig
+
+        self.settings = settings
+        self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        self.model = AutoModelForCausalLM.from_pretrained(
+            str(model), dtype=getattr(torch, settings.dtype)
+        )
+        self.model.to(self.device).eval()
+        # Blank the model's own generation defaults (top_k, repetition_penalty, ...), so that the
+        # configured sampling is the only one, as it is for vLLM.
+        self.model.generation_config = GenerationConfig()
+        # top_k=0 turns off any top-k filtering; vLLM's default does the same.
+        sampling = (
+            {}
+            if settings.greedy
+            else {"temperature": settings.temperature, "top_p": settings.top_p, "top_k": 0}
+        )
+        self.sampling = {
+            "do_sample": not settings.greedy,
+            "eos_token_id": list(settings.stop_token_ids),
+            "pad_token_id": settings.pad_token_id,
+            **sampling,
+        }
+
+    def generate(
+        self, prompts: list[list[int]], max_new_tokens: list[int], seeds: list[int]
+    ) -> list[list[int]]:
+        from transformers import GenerationConfig
+
+        width = max(len(p) for p in prompts)
+        pad = self.settings.pad_token_id
+        # Left padding keeps every prompt's last token at the same position for generation.
+        ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts], device=self.device)
+        attention = torch.tensor(
+            [[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=self.device
+        )
+        if not self.settings.greedy:
+            torch.manual_seed(seeds[0])  # sampled output depends on the batch composition here
+        config = GenerationConfig(max_new_tokens=max(max_new_tokens), **self.sampling)
+        with torch.inference_mode():
+            out = self.model.generate(
+                input_ids=ids, attention_mask=attention, generation_config=config
+            )
+        rows = out[:, width:].tolist()
+        # Greedy decoding is causal, so cutting a longer generation at a row's own limit gives
+        # exactly what generating that many tokens would.
+        return [
+            cut_at_stop(r, self.settings.stop_token_ids, n)
+            for r, n in zip(rows, max_new_tokens, strict=True)
+        ]
+
+    def close(self) -> None:
+        del self.model
+        gc.collect()
+
+
+class VllmBackend:
+    name = "vllm"
+
+    def __init__(self, model: Path, tokenizer: Path, settings: GenerationSettings) -> None:
+        _set_vllm_env()
+        from vllm import LLM
+
+        self.settings = settings
+        extra = {}
+        if settings.kv_cache_memory_bytes is not None:
+            extra["kv_cache_memory_bytes"] = settings.kv_cache_memory_bytes
+        self.llm = LLM(
+            model=str(model),
+            tokenizer=str(tokenizer),
+            dtype=settings.dtype,  # explicit: "auto" turns fp32 checkpoints into bf16
+            enforce_eager=True,
+            max_model_len=settings.max_model_len,
+            seed=settings.seed,
+            **extra,
+        )
+
+    def generate(
+        self, prompts: list[list[int]], max_new_tokens: list[int], seeds: list[int]
+    ) -> list[list[int]]:
+        from vllm import SamplingParams, TokensPrompt
+
+        s = self.settings
+        params = [
+            SamplingParams(
+                temperature=s.temperature,
+                top_p=s.top_p,
+                max_tokens=n,
+                seed=None if s.greedy else seed,
+                stop_token_ids=list(s.stop_token_ids),
+            )
+            for n, seed in zip(max_new_tokens, seeds, strict=True)
+        ]
+        inputs = [TokensPrompt(prompt_token_ids=p) for p in prompts]
+        outputs = self.llm.generate(inputs, params, use_tqdm=False)
+        return [
+            cut_at_stop(list(o.outputs[0].token_ids), s.stop_token_ids, n)
+            for o, n in zip(outputs, max_new_tokens, strict=True)
+        ]
+
+    def close(self) -> None:
+        engine_core = getattr(self.llm.llm_engine, "engine_core", None)
+        if engine_core is not None and hasattr(engine_core, "shutdown"):
+            engine_core.shutdown()
+        del self.llm
+        gc.collect()
+        from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
+
+        cleanup_dist_env_and_memory()

@@ -1,0 +1,313 @@
+"""``prepare-data``: records -> (optional regeneration by the target) -> tokens + loss masks.
+
+Output: a directory the trainer loads with ``load_prepared`` (see ``store.py``), plus, when
+regeneration is on, the regenerated conversations as OpenAI JSONL beside it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import json
+import logging
+from collections import Counter
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import datasets
+from tqdm import tqdm
+
+from eagle_train.data.backends import GenerationSettings, create_backend
+from eagle_train.data.chat import ChatRenderer
+from eagle_train.data.config import PrepareDataConfig
+from eagle_train.data.errors import BadRecordPolicy, DataError
+from eagle_train.data.records import Record, RecordReader, iter_raw, parse_record
+from eagle_train.data.regenerate import (
+    RegenerationPlan,
+    RegenerationReport,
+    open_output,
+    regenerate_records,
+    stop_token_ids,
+)
+from eagle_train.data.store import (
+    VOCAB_FILE,
+    ExampleWriter,
+    atomic_output_dir,
+    check_output_dir,
+    write_meta,
+)
+from eagle_train.data.vocab import TokenCounter, build_vocab_mapping, save_vocab_mapping
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class PrepareReport:
+    """What ``prepare_data`` did. ``num_examples + num_skipped + num_failed == num_records``."""
+
+    output_dir: Path
+    num_records: int = 0
+    num_examples: int = 0
+    skipped: Counter[str] = field(default_factory=Counter)
+    failed: Counter[str] = field(default_factory=Counter)
+    num_tokens: int = 0
+    num_assistant_tokens: int = 0
+    num_truncated: int = 0
+    regeneration: RegenerationReport | None = None
+    vocab_path: Path | None = None
+
+    @property
+    def num_skipped(self) -> int:
+        return sum(self.skipped.values())
+
+    @property
+    def num_failed(self) -> int:
+        return sum(self.failed.values())
+
+    def summary(self) -> str:
+        lines = [
+            f"prepared {self.num_examples} examples from {self.num_records} records -> {self.output_dir}",
+            f"  skipped {self.num_skipped} {dict(sorted(self.skipped.items()))}",
+            f"  failed {self.num_failed} {dict(sorted(self.failed.items()))}",
+            f"  tokens {self.num_tokens} (assistant {self.num_assistant_tokens}), "
+            f"{self.num_truncated} truncated to max_length",
+        ]
+        if self.regeneration is not None:
+            lines.append(f"  {self.regeneration.summary()}")
+        if self.vocab_path is not None:
+            lines.append(f"  draft vocabulary -> {self.vocab_path}")
+        return "\n".join(lines)
+
+
+def prepare_data(cfg: PrepareDataConfig) -> PrepareReport:
+    # Fail on config mistakes before any expensive work (loading a model, generating).
+    check_output_dir(cfg.output_dir, cfg.overwrite)
+    missing = [str(p) for p in cfg.inputs if not p.exists()]
+    if missing:
+        raise DataError(f"inputs not found: {', '.join(missing)}", reason="config")
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(cfg.tokenizer))
+    renderer = ChatRenderer(tokenizer, _read_template(cfg.chat_template))
+    draft_size = cfg.vocab.draft_vocab_size
+    counter = TokenCounter(_checked_vocab_size(cfg, tokenizer)) if draft_size else None
+    policy = BadRecordPolicy(cfg.on_bad_record)
+    reader = RecordReader(cfg.inputs, policy, cfg.limit)
+    report = PrepareReport(output_dir=cfg.output_dir)
+    records: Iterable[Record] = reader
+    regen_meta = None
+    if cfg.regenerate.enabled:
+        report.regeneration, regen_meta = run_regeneration(cfg, renderer, reader, policy)
+        report.failed.update(report.regeneration.failed)
+        records = read_regenerated(report.regeneration.path, report.regeneration.done_ids)
+
+    with atomic_output_dir(cfg.output_dir, cfg.overwrite) as tmp:
+        writer = ExampleWriter(tmp)
+        _write_examples(records, renderer, cfg.max_length, writer, counter, policy, report)
+        report.num_records = reader.num_records
+        report.skipped = Counter(policy.skipped)
+        if writer.num_examples == 0:
+            raise DataError(
+                f"no usable examples in {len(cfg.inputs)} inputs ({report.summary()})",
+                reason="empty",
+            )
+        writer.finish()
+        vocab_meta = None
+        if counter is not None and draft_size:
+            mapping = build_vocab_mapping(counter.result(), draft_size)
+            save_vocab_mapping(mapping, tmp / VOCAB_FILE)
+            vocab_meta = {
+                "file": VOCAB_FILE,
+                "draft_vocab_size": draft_size,
+                "target_vocab_size": len(mapping.t2d),
+            }
+        write_meta(tmp, _meta(cfg, renderer, report, regen_meta, vocab_meta))
+    report.vocab_path = cfg.output_dir / VOCAB_FILE if vocab_meta else None
+    logger.info("prepared %d examples -> %s", report.num_examples, cfg.output_dir)
+    return report
+
+
+def _read_template(path: Path | None) -> str | None:
+    if path is None:
+        return None
+    if not path.is_file():
+        raise DataError(f"{path}: chat template file not found", reason="config")
+    return path.read_text()
+
+
+def _write_examples(
+    records: Iterable[Record],
+    renderer: ChatRenderer,
+    max_length: int,
+    writer: ExampleWriter,
+    counter: TokenCounter | None,
+    policy: BadRecordPolicy,
+    report: PrepareReport,
+) -> None:
+    for record in tqdm(records, desc="tokenize", unit="conv"):
+        try:
+            chat = renderer.tokenize(record.messages, max_length, record.where)
+        except DataError as err:
+            policy.handle(err)
+            continue
+        if chat.num_assistant_tokens == 0:
+            # Not a data error: truncation (or a prompt-only record) left nothing to learn from.
+            policy.count(
+                "no_assistant_tokens", f"{record.where}: no assistant tokens within max_length"
+            )
+            continue
+        writer.write(record.id, chat.input_ids, chat.loss_mask)
+        report.num_examples += 1
+        report.num_tokens += len(chat.input_ids)
+        report.num_assistant_tokens += chat.num_assistant_tokens
+        report.num_truncated += int(chat.truncated)
+        if counter is not None:
+            counter.add(chat.input_ids, chat.loss_mask)
+
+
+def run_regeneration(
+    cfg: PrepareDataConfig, renderer: ChatRenderer, reader: RecordReader, policy: BadRecordPolicy
+) -> tuple[RegenerationReport, dict[str, Any]]:
+    """Regenerate every record into the JSONL; return the report and the settings used."""
+    rc = cfg.regenerate
+    model = rc.model or cfg.tokenizer
+    path = rc.output_path or cfg.output_dir.with_name(cfg.output_dir.name + ".regenerated.jsonl")
+    plan = RegenerationPlan(
+        max_new_tokens=rc.max_new_tokens,
+        max_model_len=rc.max_model_len or cfg.max_length,
+        batch_size=rc.batch_size,
+        seed=rc.seed,
+        answer_trailing_user=rc.answer_trailing_user,
+        stop_token_ids=stop_token_ids(renderer, _model_eos_ids(model)),
+    )
+    # Everything that changes the generated text; a resumed run must match it.
+    settings = {
+        "model": str(model.resolve()),
+        "chat_template_sha256": renderer.template_sha256,
+        "dtype": rc.dtype,
+        "temperature": rc.temperature,
+        "top_p": rc.top_p,
+        **{k: v for k, v in dataclasses.asdict(plan).items() if k != "batch_size"},
+    }
+    out, done_ids = open_output(path, settings, rc.resume)  # before the slow model load
+    report = RegenerationReport(path=path, done_ids=done_ids)
+    pad = renderer.tokenizer.pad_token_id
+    gen = GenerationSettings(
+        dtype=rc.dtype,
+        temperature=rc.temperature,
+        top_p=rc.top_p,
+        seed=rc.seed,
+        stop_token_ids=plan.stop_token_ids,
+        pad_token_id=plan.stop_token_ids[0] if pad is None else pad,
+        max_model_len=plan.max_model_len,
+        kv_cache_memory_bytes=rc.kv_cache_memory_bytes,
+    )
+    with out:
+        backend = create_backend(rc.backend, model, cfg.tokenizer, gen)
+        try:
+            regenerate_records(reader, renderer, backend, plan, out, report, policy)
+        finally:
+            backend.close()
+    report.num_records = reader.num_records
+    report.skipped = Counter(policy.skipped)
+    logger.info("%s", report.summary())
+    return report, {"settings": settings, "backend": backend.name, "path": str(path.resolve())}
+
+
+def read_regenerated(path: Path, ids: set[str]) -> Iterator[Record]:
+    """The records of ``ids`` from a regenerated JSONL (each once, in file order)."""
+    wanted = set(ids)
+    for line, obj in iter_raw(path):
+        if isinstance(obj, DataError):
+            raise obj
+        record = parse_record(obj, str(path), line)
+        if record.id in wanted:
+            wanted.discard(record.id)
+            yield record
+
+
+def _model_eos_ids(model: Path) -> list[int]:
+    from transformers import GenerationConfig
+
+    try:
+        eos = GenerationConfig.from_pretrained(str(model)).eos_token_id
+    except OSError:  # no generation_config.json
+        return []
+    return [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
+
+
+def _checked_vocab_size(cfg: PrepareDataConfig, tokenizer: Any) -> int:
+    """The target vocab size, checked against the config before any expensive work."""
+    vocab_size = resolve_target_vocab_size(cfg, tokenizer)
+    if len(tokenizer) > vocab_size:
+        raise DataError(
+            f"the tokenizer has {len(tokenizer)} tokens but the target vocabulary is {vocab_size}",
+            reason="config",
+        )
+    if (cfg.vocab.draft_vocab_size or 0) > vocab_size:
+        raise DataError(
+            f"vocab.draft_vocab_size {cfg.vocab.draft_vocab_size} is larger than the target "
+            f"vocabulary ({vocab_size})",
+            reason="config",
+        )
+    return vocab_size
+
+
+def resolve_target_vocab_size(cfg: PrepareDataConfig, tokenizer: Any) -> int:
+    """V for ``t2d``: configured, else the model's ``vocab_size``, else ``len(tokenizer)``."""
+    if cfg.vocab.target_vocab_size is not None:
+        return cfg.vocab.target_vocab_size
+    for path in (cfg.regenerate.model, cfg.tokenizer):
+        if path is not None and (path / "config.json").is_file():
+            config = json.loads((path / "config.json").read_text())
+            size = config.get("vocab_size") or config.get("text_config", {}).get("vocab_size")
+            if size:
+                return int(size)
+    return len(tokenizer)
+
+
+def _meta(
+    cfg: PrepareDataConfig,
+    renderer: ChatRenderer,
+    report: PrepareReport,
+    regen_meta: dict[str, Any] | None,
+    vocab_meta: dict[str, Any] | None,
+) -> dict[str, Any]:
+    import transformers
+
+    import eagle_train
+
+    if regen_meta is not None and report.regeneration is not None:
+        r = report.regeneration
+        regen_meta = {**regen_meta, "done": r.done, "resumed": r.resumed, "failed": dict(r.failed)}
+    return {
+        "tokenizer": str(cfg.tokenizer.resolve()),
+        "chat_template": {
+            "source": str(cfg.chat_template.resolve()) if cfg.chat_template else "tokenizer",
+            "sha256": renderer.template_sha256,
+            "method": "generation_blocks" if renderer.uses_generation_blocks else "prefix_diff",
+        },
+        "max_length": cfg.max_length,
+        "sources": [str(p.resolve()) for p in cfg.inputs],
+        "limit": cfg.limit,
+        "on_bad_record": cfg.on_bad_record,
+        "counts": {
+            "records": report.num_records,
+            "examples": report.num_examples,
+            "skipped": dict(sorted(report.skipped.items())),
+            "failed": dict(sorted(report.failed.items())),
+            "tokens": report.num_tokens,
+            "assistant_tokens": report.num_assistant_tokens,
+            "truncated": report.num_truncated,
+        },
+        "regeneration": regen_meta,
+        "vocab": vocab_meta,
+        "versions": {
+            "eagle_train": getattr(eagle_train, "__version__", "unknown"),
+            "transformers": transformers.__version__,
+            "datasets": datasets.__version__,
+        },
+        "created": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+    }

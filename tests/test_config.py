@@ -1,0 +1,100 @@
+"""Config loading: every shipped YAML validates; bad keys and values name file, line, key."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from eagle_train.config import ConfigError, StrictModel, apply_overrides, load_config
+from eagle_train.data.config import PrepareDataConfig
+from eagle_train.demo.build import DemoConfig
+
+REPO = Path(__file__).resolve().parents[1]
+# Which model validates the YAML files of each folder under configs/.
+CONFIG_KINDS: dict[str, type[StrictModel]] = {
+    "demo": DemoConfig,
+    "data": PrepareDataConfig,
+}
+
+
+def all_config_files() -> list[Path]:
+    return sorted((REPO / "configs").rglob("*.yaml")) + sorted((REPO / "configs").rglob("*.yml"))
+
+
+def test_configs_exist() -> None:
+    kinds = {p.relative_to(REPO / "configs").parts[0] for p in all_config_files()}
+    assert {"demo", "data"} <= kinds
+
+
+@pytest.mark.parametrize("path", all_config_files(), ids=lambda p: str(p.relative_to(REPO)))
+def test_every_shipped_config_validates(path: Path) -> None:
+    kind = path.relative_to(REPO / "configs").parts[0]
+    assert kind in CONFIG_KINDS, f"{path}: no config model registered for folder {kind!r}"
+    load_config(CONFIG_KINDS[kind], path)
+
+
+class Inner(StrictModel):
+    lr: float = 1e-3
+    steps: int = 10
+
+
+class Outer(StrictModel):
+    name: str = "x"
+    optim: Inner = Inner()
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "run.yaml"
+    path.write_text(text)
+    return path
+
+
+def test_unknown_key_names_key_file_and_line(tmp_path: Path) -> None:
+    path = write(tmp_path, "name: a\noptim:\n  lr: 0.1\n  stpes: 3\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(Outer, path)
+    assert f"{path}:4" in str(err.value)
+    assert "unknown key 'optim.stpes'" in str(err.value)
+
+
+def test_mistyped_value_names_expected_type(tmp_path: Path) -> None:
+    path = write(tmp_path, "optim:\n  steps: many\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(Outer, path)
+    msg = str(err.value)
+    assert f"{path}:2" in msg and "'optim.steps'" in msg and "integer" in msg and "'many'" in msg
+
+
+def test_overrides_are_typed_and_nested(tmp_path: Path) -> None:
+    path = write(tmp_path, "optim:\n  lr: 0.1\n")
+    cfg = load_config(Outer, path, ["optim.steps=7", "optim.lr=3e-4", "name=run"])
+    assert cfg.optim.steps == 7 and cfg.optim.lr == pytest.approx(3e-4) and cfg.name == "run"
+
+
+def test_unknown_override_key_is_an_error(tmp_path: Path) -> None:
+    path = write(tmp_path, "optim:\n  lr: 0.1\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(Outer, path, ["optim.lrr=1"])
+    assert "--set 'optim.lrr=1': unknown key 'optim.lrr'" in str(err.value)
+    with pytest.raises(ConfigError) as err:
+        load_config(Outer, path, ["optim.steps=x"])
+    assert "--set 'optim.steps=x': key 'optim.steps'" in str(err.value)
+
+
+@pytest.mark.parametrize("bad", ["optim.lr", "=3", "optim..lr=3"])
+def test_malformed_override(bad: str) -> None:
+    with pytest.raises(ConfigError, match="KEY=VALUE"):
+        apply_overrides({}, [bad])
+
+
+def test_override_through_a_value_is_an_error() -> None:
+    with pytest.raises(ConfigError, match="'name' is a value"):
+        apply_overrides({"name": "x"}, ["name.sub=1"])
+
+
+def test_missing_file_and_non_mapping(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="not found"):
+        load_config(Outer, tmp_path / "nope.yaml")
+    with pytest.raises(ConfigError, match="mapping"):
+        load_config(Outer, write(tmp_path, "- 1\n- 2\n"))

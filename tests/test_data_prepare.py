@@ -1,0 +1,275 @@
+"""prepare_data end to end (no regeneration): output layout, meta, atomicity, skips, vocab."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from data_fixtures import (
+    LLAMA3_TEMPLATE,
+    QWEN3_HISTORY_TEMPLATE,
+    build_tokenizer,
+    chat,
+    write_jsonl,
+)
+
+from eagle_train.config import ConfigError, load_config
+from eagle_train.data import (
+    ChatRenderer,
+    DataError,
+    PrepareDataConfig,
+    PreparedDataError,
+    load_prepared,
+    load_vocab_mapping,
+    prepare_data,
+    read_meta,
+)
+from eagle_train.data import prepare as prepare_module
+
+CHATS = [
+    {"id": "a", "messages": chat("Hello there", "Hi! How can I help?", "Sort 3 1 2", "1 2 3")},
+    {
+        "conversations": [
+            {"from": "human", "value": "Tell me a story"},
+            {"from": "gpt", "value": "Once upon a time."},
+        ]
+    },
+    {"messages": chat("What is the sun?", "A star.", system="Be brief.")},
+]
+
+
+@pytest.fixture(scope="module")
+def tokenizer_dir(tmp_path_factory):
+    path = tmp_path_factory.mktemp("tok")
+    build_tokenizer(path)
+    return path
+
+
+@pytest.fixture
+def tokenizer(tokenizer_dir):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(tokenizer_dir))
+
+
+def make_cfg(tmp_path, tokenizer_dir, records=CHATS, **kw):
+    inputs = kw.pop("inputs", None) or [str(write_jsonl(tmp_path / "in.jsonl", records))]
+    return PrepareDataConfig(
+        inputs=inputs, output_dir=tmp_path / "out", tokenizer=tokenizer_dir, **kw
+    )
+
+
+def leftovers(parent):
+    return sorted(p.name for p in parent.iterdir() if p.name.startswith("."))
+
+
+def test_prepare_round_trip(tmp_path, tokenizer_dir, tokenizer):
+    cfg = make_cfg(tmp_path, tokenizer_dir, vocab={"draft_vocab_size": 32})
+    report = prepare_data(cfg)
+    assert (report.num_records, report.num_examples, report.num_skipped, report.num_failed) == (
+        3,
+        3,
+        0,
+        0,
+    )
+    ds = load_prepared(cfg.output_dir)
+    assert ds.column_names == ["input_ids", "loss_mask", "id"]
+    assert str(ds.features["input_ids"].feature.dtype) == "int32"
+    assert str(ds.features["loss_mask"].feature.dtype) == "int8"
+    assert ds["id"] == ["a", f"{cfg.inputs[0]}:2", f"{cfg.inputs[0]}:3"]
+    # Each row is exactly what the renderer produces for that conversation.
+    renderer = ChatRenderer(tokenizer)
+    sharegpt = chat("Tell me a story", "Once upon a time.")
+    for row, messages in zip(
+        ds, [CHATS[0]["messages"], sharegpt, CHATS[2]["messages"]], strict=True
+    ):
+        expected = renderer.tokenize(messages, cfg.max_length, "x:1")
+        assert (row["input_ids"], row["loss_mask"]) == (expected.input_ids, expected.loss_mask)
+    meta = read_meta(cfg.output_dir)
+    assert meta["tokenizer"] == str(tokenizer_dir.resolve())
+    assert meta["chat_template"]["sha256"] == renderer.template_sha256
+    assert meta["chat_template"]["method"] == "prefix_diff"
+    assert meta["max_length"] == 2048
+    assert meta["counts"]["examples"] == 3 and meta["counts"]["records"] == 3
+    assert meta["sources"] == [str(cfg.inputs[0].resolve())]
+    assert meta["regeneration"] is None
+    assert meta["vocab"] == {
+        "file": "vocab.safetensors",
+        "draft_vocab_size": 32,
+        "target_vocab_size": len(tokenizer),
+    }
+    # Vocab counts equal an independent count of the masked tokens.
+    mapping = load_vocab_mapping(report.vocab_path)
+    expected_counts = torch.zeros(len(tokenizer), dtype=torch.int64)
+    for row in ds:
+        for token, m in zip(row["input_ids"], row["loss_mask"], strict=True):
+            expected_counts[token] += m
+    assert torch.equal(mapping.counts, expected_counts)
+    assert len(mapping.d2t) == 32 and int(mapping.t2d.sum()) == 32
+    assert leftovers(tmp_path) == []
+    assert "prepared 3 examples from 3 records" in report.summary()
+
+
+def test_template_override_and_target_vocab_from_model_config(tmp_path, tokenizer_dir):
+    template = tmp_path / "llama3.jinja"
+    template.write_text(LLAMA3_TEMPLATE)
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_text(json.dumps({"vocab_size": 640}))
+    cfg = make_cfg(
+        tmp_path,
+        tokenizer_dir,
+        chat_template=template,
+        vocab={"draft_vocab_size": 16},
+        regenerate={"model": tmp_path / "model"},  # not enabled: only read for the target's V
+    )
+    report = prepare_data(cfg)
+    ds = load_prepared(cfg.output_dir)
+    assert all(
+        row[0] == 0 and row.count(0) == 1 for row in ds["input_ids"]
+    )  # one bos, from the template
+    meta = read_meta(cfg.output_dir)
+    assert meta["chat_template"]["source"] == str(template.resolve())
+    assert meta["vocab"]["target_vocab_size"] == 640
+    assert load_vocab_mapping(report.vocab_path).t2d.shape == (640,)
+
+
+def test_truncation_and_prompt_only_skip(tmp_path, tokenizer_dir):
+    long_prompt = {"id": "long", "messages": chat("word " * 300, "short answer")}
+    cfg = make_cfg(tmp_path, tokenizer_dir, records=CHATS + [long_prompt], max_length=44)
+    report = prepare_data(cfg)
+    assert report.skipped == {"no_assistant_tokens": 1}
+    assert report.num_examples == 3 and report.num_records == 4
+    ds = load_prepared(cfg.output_dir)
+    assert all(len(r) <= 44 for r in ds["input_ids"])
+    assert [len(m) for m in ds["loss_mask"]] == [len(r) for r in ds["input_ids"]]
+    assert report.num_truncated == sum(len(r) == 44 for r in ds["input_ids"]) >= 1
+
+
+def test_bad_records_error_mode_leaves_nothing(tmp_path, tokenizer_dir):
+    path = tmp_path / "in.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in CHATS) + '{"messages": [}\n')
+    cfg = make_cfg(tmp_path, tokenizer_dir, inputs=[str(path)])
+    with pytest.raises(DataError, match=f"{path}:4: malformed JSON"):
+        prepare_data(cfg)
+    assert not cfg.output_dir.exists() and leftovers(tmp_path) == []
+
+
+def test_bad_records_skip_mode_counts(tmp_path, tokenizer_dir):
+    template = tmp_path / "qwen3.jinja"
+    template.write_text(QWEN3_HISTORY_TEMPLATE)  # multi-turn chats are not prefix-consistent
+    path = tmp_path / "in.jsonl"
+    lines = [json.dumps(r) for r in CHATS] + [
+        "not json",
+        json.dumps({"messages": [{"role": "tool", "content": "x"}]}),
+        json.dumps({"messages": []}),
+        json.dumps({"messages": [{"role": "user", "content": 3}]}),
+        json.dumps({"messages": chat("only a question")}),
+    ]
+    path.write_text("\n".join(lines) + "\n")
+    cfg = make_cfg(
+        tmp_path, tokenizer_dir, inputs=[str(path)], on_bad_record="skip", chat_template=template
+    )
+    report = prepare_data(cfg)
+    assert report.skipped == {
+        "malformed_json": 1,
+        "unknown_role": 1,
+        "empty_conversation": 1,
+        "non_string_content": 1,
+        "template_not_prefix_consistent": 1,  # CHATS[0] has two assistant turns
+        "no_assistant_tokens": 1,
+    }
+    assert report.num_examples == 2
+    assert report.num_examples + report.num_skipped + report.num_failed == report.num_records == 8
+    assert read_meta(cfg.output_dir)["counts"]["skipped"] == dict(sorted(report.skipped.items()))
+
+
+def test_failure_midway_leaves_no_partial_output(tmp_path, tokenizer_dir, monkeypatch):
+    cfg = make_cfg(tmp_path, tokenizer_dir)
+    original = prepare_module.write_meta
+
+    def crash(out_dir, meta):
+        original(out_dir, meta)
+        assert (out_dir / "meta.json").exists() and any(out_dir.glob("*.arrow"))
+        raise RuntimeError("disk full")
+
+    monkeypatch.setattr(prepare_module, "write_meta", crash)
+    with pytest.raises(RuntimeError, match="disk full"):
+        prepare_data(cfg)
+    assert not cfg.output_dir.exists() and leftovers(tmp_path) == []
+
+
+def test_existing_output_needs_overwrite(tmp_path, tokenizer_dir):
+    cfg = make_cfg(tmp_path, tokenizer_dir)
+    cfg.output_dir.mkdir()
+    (cfg.output_dir / "old.txt").write_text("old")
+    with pytest.raises(DataError, match="already exists; set overwrite=true"):
+        prepare_data(cfg)
+    cfg.overwrite = True
+    prepare_data(cfg)
+    assert not (cfg.output_dir / "old.txt").exists()
+    assert len(load_prepared(cfg.output_dir)) == 3 and leftovers(tmp_path) == []
+
+
+def test_no_usable_examples_is_an_error(tmp_path, tokenizer_dir):
+    cfg = make_cfg(tmp_path, tokenizer_dir, records=[{"messages": chat("question only")}])
+    with pytest.raises(DataError, match="no usable examples"):
+        prepare_data(cfg)
+    assert not cfg.output_dir.exists() and leftovers(tmp_path) == []
+
+
+def test_config_mistakes_fail_before_any_work(tmp_path, tokenizer_dir, monkeypatch):
+    def no_work(*args, **kwargs):
+        raise AssertionError("should have failed before reading or generating")
+
+    monkeypatch.setattr(prepare_module, "run_regeneration", no_work)
+    monkeypatch.setattr(prepare_module, "RecordReader", no_work)
+    cfg = make_cfg(
+        tmp_path, tokenizer_dir, vocab={"draft_vocab_size": 501}, regenerate={"enabled": True}
+    )
+    with pytest.raises(
+        DataError, match="draft_vocab_size 501 is larger than the target vocabulary \\(500\\)"
+    ):
+        prepare_data(cfg)
+    cfg.vocab.target_vocab_size = 400
+    with pytest.raises(
+        DataError, match="the tokenizer has 500 tokens but the target vocabulary is 400"
+    ):
+        prepare_data(cfg)
+    cfg.inputs = [tmp_path / "missing.jsonl"]
+    with pytest.raises(DataError, match="inputs not found: .*missing.jsonl"):
+        prepare_data(cfg)
+
+
+def test_load_prepared_validates(tmp_path, tokenizer_dir):
+    cfg = make_cfg(tmp_path, tokenizer_dir)
+    prepare_data(cfg)
+    meta_path = cfg.output_dir / "meta.json"
+    meta = json.loads(meta_path.read_text())
+    with pytest.raises(PreparedDataError, match="no meta.json"):
+        load_prepared(tmp_path)
+    meta_path.write_text(json.dumps({**meta, "format_version": 99}))
+    with pytest.raises(PreparedDataError, match="format_version 99"):
+        load_prepared(cfg.output_dir)
+    meta_path.write_text(json.dumps({**meta, "counts": {**meta["counts"], "examples": 5}}))
+    with pytest.raises(PreparedDataError, match="3 rows but meta.json says 5"):
+        load_prepared(cfg.output_dir)
+    meta_path.write_text(json.dumps({**meta, "vocab": {"file": "vocab.safetensors"}}))
+    with pytest.raises(PreparedDataError, match="vocab.safetensors, which is missing"):
+        load_prepared(cfg.output_dir)
+
+
+def test_config_from_yaml_with_overrides(tmp_path):
+    path = tmp_path / "prepare.yaml"
+    path.write_text(
+        "inputs: [a.jsonl, b.parquet]\noutput_dir: out\ntokenizer: tok\n"
+        "regenerate:\n  enabled: true\n  temperature: 0.7\nvocab:\n  draft_vocab_size: 32000\n"
+    )
+    cfg = load_config(PrepareDataConfig, path, ["max_length=4096", "regenerate.backend=vllm"])
+    assert cfg.max_length == 4096 and cfg.regenerate.backend == "vllm"
+    assert cfg.regenerate.temperature == 0.7 and cfg.regenerate.model is None
+    assert cfg.vocab.draft_vocab_size == 32000 and cfg.on_bad_record == "error"
+    with pytest.raises(ConfigError, match="unknown key 'regenerate.temprature'"):
+        load_config(PrepareDataConfig, path, ["regenerate.temprature=1"])
+    with pytest.raises(ConfigError, match="on_bad_record"):
+        load_config(PrepareDataConfig, path, ["on_bad_record=ignore"])

@@ -1,0 +1,154 @@
+"""Readers: OpenAI / ShareGPT JSONL, datasets files, ids and sources, bad input."""
+
+from __future__ import annotations
+
+import json
+
+import datasets
+import pytest
+from data_fixtures import write_jsonl
+
+from eagle_train.data import BadRecordPolicy, DataError, RecordReader
+
+OPENAI = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]}
+SHAREGPT = {
+    "id": "sg-1",
+    "conversations": [
+        {"from": "system", "value": "be nice"},
+        {"from": "human", "value": "a"},
+        {"from": "gpt", "value": "b"},
+        {"from": "user", "value": "c"},
+        {"from": "chatgpt", "value": "d"},
+        {"from": "human", "value": "e"},
+        {"from": "bard", "value": "f"},
+        {"from": "human", "value": "g"},
+        {"from": "assistant", "value": "h"},
+    ],
+}
+
+
+def read(paths, mode="error", limit=None):
+    policy = BadRecordPolicy(mode)
+    reader = RecordReader(paths, policy, limit)
+    return list(reader), reader, policy
+
+
+def test_openai_and_sharegpt_are_detected_per_record(tmp_path):
+    path = write_jsonl(tmp_path / "mixed.jsonl", [OPENAI, SHAREGPT, {**OPENAI, "id": 17}])
+    records, reader, _ = read([path])
+    assert [r.id for r in records] == [f"{path}:1", "sg-1", "17"]
+    assert [(r.source, r.line) for r in records] == [(str(path), 1), (str(path), 2), (str(path), 3)]
+    assert records[0].messages == OPENAI["messages"]
+    roles = [m["role"] for m in records[1].messages]
+    assert roles == ["system"] + ["user", "assistant"] * 4
+    assert [m["content"] for m in records[1].messages] == list("be nice,a,b,c,d,e,f,g,h".split(","))
+    assert reader.num_records == 3
+
+
+def test_blank_lines_keep_line_numbers(tmp_path):
+    path = tmp_path / "gaps.jsonl"
+    path.write_text("\n" + json.dumps(OPENAI) + "\n\n  \n" + json.dumps(OPENAI) + "\n")
+    records, reader, _ = read([path])
+    assert [r.line for r in records] == [2, 5]
+    assert reader.num_records == 2
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "json_array", "arrow", "saved"])
+def test_datasets_formats(tmp_path, fmt):
+    rows = [
+        {"messages": OPENAI["messages"], "id": None},
+        {"messages": OPENAI["messages"], "id": "b"},
+    ]
+    ds = datasets.Dataset.from_list(rows)
+    if fmt == "parquet":
+        path = tmp_path / "d.parquet"
+        ds.to_parquet(str(path))
+    elif fmt == "json_array":
+        path = tmp_path / "d.json"
+        path.write_text(json.dumps(rows))
+    else:
+        path = tmp_path / "saved"
+        ds.save_to_disk(str(path))
+        if fmt == "arrow":
+            path = next(path.glob("*.arrow"))
+    records, _, _ = read([path])
+    assert [r.id for r in records] == [f"{path}:1", "b"]
+    assert [r.line for r in records] == [1, 2]
+    assert records[1].messages == OPENAI["messages"]
+
+
+def test_limit_counts_records_across_files(tmp_path):
+    a = write_jsonl(tmp_path / "a.jsonl", [OPENAI] * 3)
+    b = write_jsonl(tmp_path / "b.jsonl", [OPENAI] * 3)
+    records, reader, _ = read([a, b], limit=4)
+    assert [(r.source, r.line) for r in records][-1] == (str(b), 1)
+    assert reader.num_records == 4
+
+
+BAD = {
+    "malformed_json": ('{"messages": [', "malformed JSON"),
+    "unknown_role": (
+        json.dumps({"messages": [{"role": "robot", "content": "x"}]}),
+        "unknown role 'robot'",
+    ),
+    "unknown_sharegpt_role": (
+        json.dumps({"conversations": [{"from": "function_call", "value": "x"}]}),
+        "unknown role 'function_call'",
+    ),
+    "empty_conversation": (json.dumps({"messages": []}), "empty conversation"),
+    "non_string_content": (
+        json.dumps({"messages": [{"role": "user", "content": [{"type": "text"}]}]}),
+        "content must be a string, got list",
+    ),
+    "null_content": (
+        json.dumps({"conversations": [{"from": "human", "value": None}]}),
+        "got NoneType",
+    ),
+    "no_conversation": (json.dumps({"text": "hello"}), "neither 'messages'"),
+    "not_an_object": ("[1, 2]", "expected a JSON object"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD))
+def test_bad_record_error_names_file_and_line(tmp_path, case):
+    line, message = BAD[case]
+    path = tmp_path / "bad.jsonl"
+    path.write_text(json.dumps(OPENAI) + "\n\n" + line + "\n")
+    with pytest.raises(DataError) as info:
+        read([path])
+    assert str(info.value).startswith(f"{path}:3: ")
+    assert message in str(info.value)
+
+
+def test_skip_mode_counts_each_reason(tmp_path):
+    lines = [json.dumps(OPENAI)] + [BAD[c][0] for c in sorted(BAD)] + [json.dumps(OPENAI)]
+    path = tmp_path / "bad.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    records, reader, policy = read([path], mode="skip")
+    assert [r.line for r in records] == [1, len(lines)]
+    assert policy.skipped == {
+        "malformed_json": 1,
+        "unknown_role": 2,
+        "empty_conversation": 1,
+        "non_string_content": 2,
+        "bad_format": 2,
+    }
+    assert reader.num_records == len(records) + policy.num_skipped == len(lines)
+
+
+def test_duplicate_ids(tmp_path):
+    path = write_jsonl(
+        tmp_path / "dup.jsonl", [{**OPENAI, "id": "x"}, OPENAI, {**OPENAI, "id": "x"}]
+    )
+    with pytest.raises(DataError, match=f"{path}:3: duplicate id 'x' \\(first at {path}:1\\)"):
+        read([path])
+    records, _, policy = read([path], mode="skip")
+    assert len(records) == 2 and policy.skipped == {"duplicate_id": 1}
+
+
+def test_missing_and_unsupported_inputs(tmp_path):
+    with pytest.raises(DataError, match="input not found"):
+        read([tmp_path / "nope.jsonl"])
+    (tmp_path / "x.csv").write_text("a,b\n")
+    with pytest.raises(DataError, match="unsupported input"):
+        read([tmp_path / "x.csv"])
