@@ -1,0 +1,60 @@
+"""The ``optim`` config section: optimizer, precision contract, kernel and LR schedule.
+
+Every default of the optimizer package lives here (and only here).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from eagle_train.config import StrictModel
+
+OptimizerName = Literal["adamw", "adam", "sgd"]
+StorageDtype = Literal["auto", "bfloat16", "float16", "float32"]
+Implementation = Literal["fused", "foreach", "compiled"]
+ScheduleName = Literal["constant", "cosine"]
+
+
+class OptimConfig(StrictModel):
+    """Optimizer settings of a training run.
+
+    ``fp32_master_weights`` (on by default) makes ``create_optimizer`` build a
+    ``MasterWeightAdamW``: the draft stays in its storage dtype (bf16 next to a bf16 target)
+    while the optimizer keeps an fp32 master copy and fp32 moments. Turning it off trains
+    the draft purely in its storage dtype: 8 instead of 16 bytes per trainable parameter,
+    at the cost of Adam's second moment only ever growing and small updates (RMSNorm gains
+    near 1.0) rounding away. It is the low-memory, lower-quality opt-out.
+    """
+
+    name: OptimizerName = "adamw"
+    lr: float = Field(default=1e-4, ge=0.0)
+    betas: tuple[float, float] = (0.9, 0.95)
+    eps: float = Field(default=1e-8, ge=0.0)
+    weight_decay: float = Field(default=0.01, ge=0.0)
+    momentum: float = Field(default=0.0, ge=0.0, lt=1.0, description="SGD only")
+    fp32_master_weights: bool = True
+    dtype: StorageDtype = Field(
+        default="auto",
+        description="resident dtype of the draft; 'auto' = the target's dtype",
+    )
+    implementation: Implementation = Field(
+        default="fused",
+        description=(
+            "update kernel: 'fused' (torch's fused AdamW on the fp32 masters, bit-exact vs "
+            "torch.optim.AdamW(fused=True)), 'foreach' (bit-exact vs foreach=True), "
+            "'compiled' (one torch.compile'd pass that also reads the bf16 grad and writes "
+            "the bf16 param; fastest, compiles once per run)"
+        ),
+    )
+    schedule: ScheduleName = "cosine"
+    warmup_steps: int = Field(default=0, ge=0)
+    min_lr_ratio: float = Field(default=0.1, ge=0.0, le=1.0)
+
+    @model_validator(mode="after")
+    def _check_betas(self) -> OptimConfig:
+        for i, beta in enumerate(self.betas):
+            if not 0.0 <= beta < 1.0:
+                raise ValueError(f"betas[{i}] must be in [0, 1), got {beta}")
+        return self
