@@ -17,6 +17,7 @@ from transformers import (
     GenerationConfig,
     LlamaConfig,
     LlamaForCausalLM,
+    PretrainedConfig,
     PreTrainedModel,
     PreTrainedTokenizerBase,
     Qwen3Config,
@@ -47,29 +48,38 @@ class PretrainConfig(StrictModel):
     warmup_steps: int = 20
 
 
-def build_target(
-    family: Family, shape: TargetShape, tokenizer: PreTrainedTokenizerBase, seed: int
-) -> PreTrainedModel:
-    """A randomly initialised fp32 target of the given family, sized by ``shape``."""
+def target_config(
+    family: Family, shape: TargetShape, vocab_size: int, bos: int, eos: int, pad: int
+) -> PretrainedConfig:
+    """The HF config of a demo target of the given family, sized by ``shape``."""
     common = dict(
-        vocab_size=len(tokenizer),
+        vocab_size=vocab_size,
         hidden_size=shape.hidden_size,
         intermediate_size=shape.intermediate_size,
         num_hidden_layers=shape.num_hidden_layers,
         num_attention_heads=shape.num_attention_heads,
         num_key_value_heads=shape.num_key_value_heads,
         max_position_embeddings=shape.max_position_embeddings,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=bos,
+        eos_token_id=eos,
+        pad_token_id=pad,
         tie_word_embeddings=False,
         rms_norm_eps=1e-6,
     )
-    torch.manual_seed(seed)
     if family == "llama":
-        return LlamaForCausalLM(LlamaConfig(**common)).float()
-    head_dim = shape.hidden_size // shape.num_attention_heads
-    return Qwen3ForCausalLM(Qwen3Config(head_dim=head_dim, **common)).float()
+        return LlamaConfig(**common)
+    return Qwen3Config(head_dim=shape.hidden_size // shape.num_attention_heads, **common)
+
+
+def build_target(
+    family: Family, shape: TargetShape, tokenizer: PreTrainedTokenizerBase, seed: int
+) -> PreTrainedModel:
+    """A randomly initialised fp32 target of the given family, sized by ``shape``."""
+    config = target_config(family, shape, len(tokenizer), tokenizer.bos_token_id,
+                           tokenizer.eos_token_id, tokenizer.pad_token_id)
+    torch.manual_seed(seed)
+    model_cls = LlamaForCausalLM if family == "llama" else Qwen3ForCausalLM
+    return model_cls(config).float()
 
 
 def pack_tokens(texts: list[str], tokenizer: PreTrainedTokenizerBase, seq_len: int) -> torch.Tensor:

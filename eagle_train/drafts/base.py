@@ -1,0 +1,75 @@
+"""What every draft algorithm provides to the loop and the exporter (one folder each)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from torch import Tensor, nn
+from transformers import PretrainedConfig
+
+from eagle_train.config import StrictModel
+from eagle_train.data.vocab import VocabMapping
+from eagle_train.target import FrozenTarget, TargetFeatures
+
+
+@dataclass
+class Batch:
+    input_ids: Tensor  # (B, T) right-padded token ids
+    loss_mask: Tensor  # (B, T) 1 on assistant tokens
+    attention_mask: Tensor  # (B, T) 1 on real tokens
+    lengths: Tensor  # (B,) real lengths
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.lengths.sum())
+
+
+@dataclass
+class StepResult:
+    loss: Tensor  # scalar to backpropagate
+    metrics: dict[str, float]  # per-batch means, combined across batches by `weight`
+    weight: int  # supervised slots behind the metrics
+
+
+@dataclass
+class VllmDrafter:
+    """An export: vLLM's config.json, the tensors, and how to serve it."""
+
+    config: dict[str, Any]
+    tensors: dict[str, Tensor]
+    method: str  # vLLM speculative_config.method
+    num_speculative_tokens: int
+    extra_speculative_config: dict[str, Any] = field(default_factory=dict)
+
+
+class DraftSpec(Protocol):
+    name: str
+    config_cls: type[StrictModel]
+
+    def target_layer_ids(self, cfg: Any, target: PretrainedConfig) -> list[int]:
+        """Target layers (after-k-layers convention) whose hidden states the draft reads."""
+
+    def build(self, cfg: Any, target: FrozenTarget, vocab: VocabMapping | None) -> nn.Module:
+        """A fresh draft in fp32 (the loop casts it to the storage dtype)."""
+
+    def compute_loss(
+        self, draft: nn.Module, features: TargetFeatures, batch: Batch, cfg: Any
+    ) -> StepResult: ...
+
+    def propose(
+        self, draft: nn.Module, features: TargetFeatures, input_ids: Tensor, cfg: Any,
+        num_steps: int,
+    ) -> Tensor:
+        """(B, T, num_steps) target token ids the draft proposes at each slot: entry [t, k]
+        is its guess for x_{t+2+k}, chained on the true tokens."""
+
+    def to_vllm(
+        self, state: dict[str, Tensor], cfg: Any, target: PretrainedConfig
+    ) -> VllmDrafter:
+        """vLLM's on-disk drafter from a draft state dict."""
+
+    def expected_tensors(
+        self, config: dict[str, Any]
+    ) -> tuple[dict[str, tuple[int, ...]], dict[str, tuple[int, ...]]]:
+        """(required, optional) tensors vLLM reads for ``config``, with shapes (the contract)."""

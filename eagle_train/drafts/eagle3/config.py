@@ -1,0 +1,23 @@
+"""EAGLE-3 draft config (every default lives here)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from eagle_train.config import StrictModel
+
+
+class Eagle3Config(StrictModel):
+    algorithm: Literal["eagle3"] = "eagle3"
+    # Target layers whose hidden states are fused, in the "after k layers" convention
+    # (vLLM's). None -> (2, L//2, L-3), which collides on targets with fewer than 7 layers.
+    aux_layer_ids: list[int] | None = None
+    # Training-time test: K draft steps per position, step k weighted decay^k (normalised).
+    ttt_steps: int = Field(default=7, ge=1)
+    step_decay: float = Field(default=0.8, gt=0, le=1)
+    # Decoder layer style: llama (no q/k norm) or qwen3 (q_norm/k_norm); auto = the target's.
+    layer_style: Literal["auto", "llama", "qwen3"] = "auto"
+    # Copy of the target embedding, frozen by default (exported only when trained).
+    train_embedding: bool = False

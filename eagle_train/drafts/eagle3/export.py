@@ -1,0 +1,101 @@
+"""EAGLE-3 -> vLLM ``method="eagle3"`` (VLLM_CONTRACT.md): config.json and tensor names."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torch import Tensor
+from transformers import PretrainedConfig
+
+from eagle_train.drafts.base import VllmDrafter
+from eagle_train.drafts.eagle3.config import Eagle3Config
+
+# Target config fields the draft mirrors (RoPE and sizes), copied when present.
+_MIRRORED = ("rope_parameters", "rope_theta", "max_position_embeddings",
+             "bos_token_id", "eos_token_id", "pad_token_id")
+
+
+def layer_style(cfg: Eagle3Config, target: PretrainedConfig) -> str:
+    if cfg.layer_style != "auto":
+        return cfg.layer_style
+    return "qwen3" if target.model_type.startswith("qwen3") else "llama"
+
+
+def vllm_config(
+    cfg: Eagle3Config, target: PretrainedConfig, layer_ids: list[int], draft_vocab_size: int,
+    head_dim: int,
+) -> dict[str, Any]:
+    style = layer_style(cfg, target)
+    config: dict[str, Any] = {
+        "architectures": ["Qwen3ForCausalLM" if style == "qwen3" else "LlamaForCausalLM"],
+        "model_type": style,
+        "hidden_size": target.hidden_size,
+        "intermediate_size": target.intermediate_size,
+        "num_hidden_layers": 1,
+        "num_attention_heads": target.num_attention_heads,
+        "num_key_value_heads": getattr(target, "num_key_value_heads", None)
+        or target.num_attention_heads,
+        "head_dim": head_dim,
+        "hidden_act": "silu",
+        "rms_norm_eps": target.rms_norm_eps,
+        "attention_bias": False,
+        "tie_word_embeddings": False,
+        "vocab_size": target.vocab_size,
+        "draft_vocab_size": draft_vocab_size,
+        "target_hidden_size": target.hidden_size,
+        "eagle_aux_hidden_state_layer_ids": list(layer_ids),
+        "num_aux_hidden_states": len(layer_ids),
+        "norm_before_residual": False,
+        "dtype": "bfloat16",
+    }
+    for key in _MIRRORED:
+        value = getattr(target, key, None)
+        if value is not None:
+            config[key] = value
+    return config
+
+
+def expected_tensors(
+    config: dict[str, Any],
+) -> tuple[dict[str, tuple[int, ...]], dict[str, tuple[int, ...]]]:
+    """(required, optional) tensor shapes for ``config``."""
+    h, th = config["hidden_size"], config["target_hidden_size"]
+    d, heads, kv = config["head_dim"], config["num_attention_heads"], config["num_key_value_heads"]
+    inter, v, vd = config["intermediate_size"], config["vocab_size"], config["draft_vocab_size"]
+    p = "layers.0."
+    shapes: dict[str, tuple[int, ...]] = {
+        "fc.weight": (h, config["num_aux_hidden_states"] * th),
+        p + "input_layernorm.weight": (h,),
+        p + "hidden_norm.weight": (h,),
+        p + "self_attn.q_proj.weight": (heads * d, 2 * h),
+        p + "self_attn.k_proj.weight": (kv * d, 2 * h),
+        p + "self_attn.v_proj.weight": (kv * d, 2 * h),
+        p + "self_attn.o_proj.weight": (h, heads * d),
+        p + "post_attention_layernorm.weight": (h,),
+        p + "mlp.gate_proj.weight": (inter, h),
+        p + "mlp.up_proj.weight": (inter, h),
+        p + "mlp.down_proj.weight": (h, inter),
+        "norm.weight": (h,),
+        "lm_head.weight": (vd, h),
+    }
+    if config["model_type"] == "qwen3":
+        shapes[p + "self_attn.q_norm.weight"] = (d,)
+        shapes[p + "self_attn.k_norm.weight"] = (d,)
+    if vd != v:  # without d2t vLLM maps draft ids 0..Vd-1 and acceptance collapses
+        shapes["d2t"] = (vd,)
+    # Absent: vLLM shares the target's embedding; present and different: the draft's own.
+    return shapes, {"embed_tokens.weight": (v, h)}
+
+
+def to_vllm(
+    state: dict[str, Tensor], cfg: Eagle3Config, target: PretrainedConfig, layer_ids: list[int]
+) -> VllmDrafter:
+    vd = state["lm_head.weight"].shape[0]
+    head_dim = state["layers.0.self_attn.q_proj.weight"].shape[0] // target.num_attention_heads
+    config = vllm_config(cfg, target, layer_ids, vd, head_dim)
+    names = set(expected_tensors(config)[0])
+    if cfg.train_embedding:  # a trained embedding differs from the target's: ship it
+        names.add("embed_tokens.weight")
+    tensors = {name: state[name] for name in names if name in state}
+    return VllmDrafter(config=config, tensors=tensors, method="eagle3",
+                       num_speculative_tokens=cfg.ttt_steps)

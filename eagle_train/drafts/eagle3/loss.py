@@ -1,0 +1,84 @@
+"""EAGLE-3 loss and metrics: pure functions of draft logits, target logits and the mask.
+
+Alignment: target logits at position p predict x_{p+1}. TTT step k at slot t predicts
+x_{t+2+k}, so its target distribution is the target's logits at t+1+k and it is supervised
+iff ``loss_mask[t+2+k]`` (that token is an assistant token) and t+2+k is inside the sequence.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from eagle_train.drafts.eagle3.model import shift_left
+
+
+@dataclass
+class StepStats:
+    loss: Tensor  # scalar, weighted over steps, differentiable
+    step_losses: list[float]
+    correct: list[Tensor]  # per step (B, T) bool: draft argmax == target argmax
+    valid: list[Tensor]  # per step (B, T) bool: supervised slots
+
+
+def step_weights(num_steps: int, decay: float) -> list[float]:
+    """``decay^k`` normalised to sum 1, so the learning rate does not depend on K."""
+    raw = [decay**k for k in range(num_steps)]
+    return [w / sum(raw) for w in raw]
+
+
+def valid_slots(loss_mask: Tensor, lengths: Tensor, step: int) -> Tensor:
+    """(B,T) bool: slot t of step ``step`` predicts a real assistant token."""
+    b, t = loss_mask.shape
+    target_pos = torch.arange(t, device=loss_mask.device) + 2 + step
+    inside = target_pos[None, :] < lengths[:, None]
+    return inside & shift_left(loss_mask, 2 + step).bool()
+
+
+def eagle3_loss(
+    draft_logits: list[Tensor],
+    target_logits: Tensor,
+    loss_mask: Tensor,
+    lengths: Tensor,
+    d2t: Tensor,
+    decay: float,
+) -> StepStats:
+    """Forward KL (soft CE) to the target distribution restricted to the draft vocab."""
+    vd = draft_logits[0].shape[-1]
+    draft_to_target = torch.arange(vd, device=d2t.device) + d2t  # (Vd,) target ids
+    weights = step_weights(len(draft_logits), decay)
+    total = draft_logits[0].new_zeros((), dtype=torch.float32)
+    step_losses, correct, valid = [], [], []
+    for k, logits in enumerate(draft_logits):
+        tgt = shift_left(target_logits, 1 + k)  # (B,T,V): the target at t+1+k
+        mask = valid_slots(loss_mask, lengths, k)
+        p = torch.softmax(tgt[..., draft_to_target].float(), dim=-1)
+        logq = torch.log_softmax(logits.float(), dim=-1)
+        per_slot = -(p * logq).sum(-1)
+        denom = mask.sum().clamp(min=1)
+        step_loss = (per_slot * mask).sum() / denom
+        total = total + weights[k] * step_loss
+        step_losses.append(step_loss.item())
+        correct.append(draft_to_target[logits.argmax(-1)] == tgt.argmax(-1))
+        valid.append(mask)
+    return StepStats(loss=total, step_losses=step_losses, correct=correct, valid=valid)
+
+
+def accuracy_metrics(stats: StepStats) -> dict[str, float]:
+    """acc_k per step and the simulated acceptance length ``1 + sum_k P(steps 0..k right)``.
+
+    The joint-prefix version: a slot counts for step k only if every step up to k was right,
+    which is what a draft chain needs to be accepted.
+    """
+    out: dict[str, float] = {}
+    chain = None
+    sim_al = 1.0
+    for k, (correct, valid) in enumerate(zip(stats.correct, stats.valid, strict=True)):
+        n = valid.sum().clamp(min=1)
+        out[f"acc_{k}"] = ((correct & valid).sum() / n).item()
+        chain = correct if chain is None else chain & correct
+        sim_al += ((chain & valid).sum() / n).item()
+    out["sim_accept_len"] = sim_al
+    return out

@@ -1,0 +1,88 @@
+"""EAGLE-3 as the loop sees it: layer ids, build, loss, export."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+from transformers import PretrainedConfig
+
+from eagle_train.data.vocab import VocabMapping
+from eagle_train.drafts.base import Batch, StepResult, VllmDrafter
+from eagle_train.drafts.eagle3 import export
+from eagle_train.drafts.eagle3.config import Eagle3Config
+from eagle_train.drafts.eagle3.loss import accuracy_metrics, eagle3_loss
+from eagle_train.drafts.eagle3.model import DraftShape, Eagle3Draft
+from eagle_train.target import FrozenTarget, TargetFeatures
+
+
+class Eagle3Spec:
+    name = "eagle3"
+    config_cls = Eagle3Config
+
+    def target_layer_ids(self, cfg: Eagle3Config, target: PretrainedConfig) -> list[int]:
+        num_layers = target.num_hidden_layers
+        ids = cfg.aux_layer_ids or [2, num_layers // 2, num_layers - 3]
+        if len(set(ids)) != len(ids) or any(not 0 <= k <= num_layers for k in ids):
+            raise ValueError(
+                f"draft.aux_layer_ids {ids} must be distinct layer counts in 0..{num_layers} "
+                f"(the target has {num_layers} layers); set draft.aux_layer_ids explicitly"
+            )
+        return sorted(ids)
+
+    def build(
+        self, cfg: Eagle3Config, target: FrozenTarget, vocab: VocabMapping | None
+    ) -> Eagle3Draft:
+        tcfg = target.config
+        vd = len(vocab.d2t) if vocab is not None else tcfg.vocab_size
+        shape = DraftShape.from_target(
+            tcfg, num_aux=len(self.target_layer_ids(cfg, tcfg)), draft_vocab_size=vd,
+            qk_norm=export.layer_style(cfg, tcfg) == "qwen3",
+        )
+        draft = Eagle3Draft(shape, tcfg).float()
+        with torch.no_grad():
+            draft.embed_tokens.weight.copy_(target.embed_tokens().weight.float())
+            if vocab is not None:
+                draft.d2t.copy_(vocab.d2t)
+                draft.t2d.copy_(vocab.t2d)
+            # Start the head from the target's rows of the draft vocabulary: the draft then
+            # begins near the target's own next-token distribution.
+            draft.lm_head.weight.copy_(target.lm_head().weight[draft_ids(draft)].float())
+        draft.embed_tokens.weight.requires_grad_(cfg.train_embedding)
+        return draft
+
+    def compute_loss(
+        self, draft: nn.Module, features: TargetFeatures, batch: Batch, cfg: Eagle3Config
+    ) -> StepResult:
+        module = getattr(draft, "module", draft)  # DDP-wrapped or not
+        out = draft(features.aux.to(module.fc.weight.dtype), batch.input_ids, cfg.ttt_steps)
+        stats = eagle3_loss(out.logits, features.logits, batch.loss_mask, batch.lengths,
+                            module.d2t, cfg.step_decay)
+        metrics = {"loss": stats.loss.item(), **accuracy_metrics(stats)}
+        for k, value in enumerate(stats.step_losses):
+            metrics[f"loss_{k}"] = value
+        return StepResult(loss=stats.loss, metrics=metrics, weight=int(stats.valid[0].sum()))
+
+    @torch.no_grad()
+    def propose(
+        self, draft: nn.Module, features: TargetFeatures, input_ids: Tensor, cfg: Eagle3Config,
+        num_steps: int,
+    ) -> Tensor:
+        out = draft(features.aux.to(draft.fc.weight.dtype), input_ids, num_steps)
+        ids = draft_ids(draft)
+        return torch.stack([ids[logits.argmax(-1)] for logits in out.logits], dim=-1)
+
+    def to_vllm(
+        self, state: dict[str, Tensor], cfg: Eagle3Config, target: PretrainedConfig
+    ) -> VllmDrafter:
+        return export.to_vllm(state, cfg, target, self.target_layer_ids(cfg, target))
+
+    def expected_tensors(
+        self, config: dict[str, Any]
+    ) -> tuple[dict[str, tuple[int, ...]], dict[str, tuple[int, ...]]]:
+        return export.expected_tensors(config)
+
+
+def draft_ids(draft: Eagle3Draft) -> Tensor:
+    return torch.arange(len(draft.d2t), device=draft.d2t.device) + draft.d2t

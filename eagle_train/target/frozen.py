@@ -1,0 +1,91 @@
+"""The frozen target: any HF causal LM, bf16, eval, no grads; hidden states in one forward.
+
+Layer ids use the "after k layers" convention (HF ``output_hidden_states[k]``; k=0 is the
+embedding output, k<L is before the final norm), the convention vLLM's drafter configs use.
+Only the requested layers are captured (forward hooks), not all L+1 hidden states.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import Tensor, nn
+from transformers import AutoModelForCausalLM, PretrainedConfig, PreTrainedModel
+
+
+@dataclass
+class TargetFeatures:
+    aux: Tensor  # (B, T, n*H) hidden after each requested layer count, concatenated in order
+    final: Tensor  # (B, T, H) last hidden state after the final norm
+    logits: Tensor  # (B, T, V) the target's next-token logits
+
+
+class FrozenTarget(nn.Module):
+    def __init__(self, model: PreTrainedModel) -> None:
+        super().__init__()
+        self.model = model.eval().requires_grad_(False)
+
+    @classmethod
+    def from_pretrained(
+        cls, path: str | Path, dtype: torch.dtype = torch.bfloat16, device: str = "cpu"
+    ) -> FrozenTarget:
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+        return cls(model.to(device))
+
+    @property
+    def config(self) -> PretrainedConfig:
+        return self.model.config
+
+    @property
+    def num_layers(self) -> int:
+        return self.config.num_hidden_layers
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.model.dtype
+
+    def embed_tokens(self) -> nn.Embedding:
+        return self.model.get_input_embeddings()
+
+    def lm_head(self) -> nn.Module:
+        return self.model.get_output_embeddings()
+
+    def _decoder(self) -> nn.Module:
+        return self.model.get_decoder()
+
+    def check_layer_ids(self, layer_ids: list[int]) -> None:
+        bad = [k for k in layer_ids if not 0 <= k <= self.num_layers]
+        if bad:
+            raise ValueError(
+                f"aux layer ids {bad} out of range: the target has {self.num_layers} layers, "
+                f"ids count layers run (0 = embeddings .. {self.num_layers})"
+            )
+
+    @torch.no_grad()
+    def features(
+        self, input_ids: Tensor, attention_mask: Tensor | None, layer_ids: list[int]
+    ) -> TargetFeatures:
+        self.check_layer_ids(layer_ids)
+        captured: dict[int, Tensor] = {}
+        hooks = []
+        decoder = self._decoder()
+        for k in sorted(set(layer_ids)):
+            module = decoder.embed_tokens if k == 0 else decoder.layers[k - 1]
+            hooks.append(module.register_forward_hook(_capture(captured, k)))
+        try:
+            out = decoder(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
+        finally:
+            for hook in hooks:
+                hook.remove()
+        final = out.last_hidden_state
+        aux = torch.cat([captured[k] for k in layer_ids], dim=-1)
+        return TargetFeatures(aux=aux, final=final, logits=self.lm_head()(final))
+
+
+def _capture(store: dict[int, Tensor], key: int):
+    def hook(module: nn.Module, args: object, output: Tensor | tuple) -> None:
+        store[key] = output[0] if isinstance(output, tuple) else output
+
+    return hook

@@ -1,0 +1,140 @@
+"""EAGLE-3 draft: TTT forward equals an explicit per-slot drafting chain; loss alignment."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from eagle_train.drafts.base import Batch
+from eagle_train.drafts.eagle3.config import Eagle3Config
+from eagle_train.drafts.eagle3.loss import eagle3_loss, step_weights, valid_slots
+from eagle_train.drafts.eagle3.model import Eagle3Draft
+from eagle_train.drafts.registry import get_draft
+from eagle_train.target import FrozenTarget
+
+SPEC = get_draft("eagle3")
+
+
+@pytest.fixture(scope="module", params=["llama", "qwen3"])
+def target(request: pytest.FixtureRequest, tiny_world: Path) -> FrozenTarget:
+    path = tiny_world / "targets" / request.param / "fp32"
+    return FrozenTarget.from_pretrained(path, dtype=torch.float32)
+
+
+def build(target: FrozenTarget, steps: int = 3) -> tuple[Eagle3Config, Eagle3Draft]:
+    cfg = Eagle3Config(aux_layer_ids=[1, 2, 3], ttt_steps=steps)
+    torch.manual_seed(0)
+    draft = SPEC.build(cfg, target, None)
+    with torch.no_grad():  # make the layer non-trivial everywhere
+        for p in draft.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    return cfg, draft
+
+
+def chain_reference(draft: Eagle3Draft, aux: torch.Tensor, ids: torch.Tensor, steps: int):
+    """Draft like vLLM does, one slot at a time: step-0 keys of slots <= t from the real
+    features, then the slot's own chain of keys, RoPE position t+k at step k."""
+    layer = draft.layers[0]
+    length = ids.shape[1]
+
+    def qkv(hidden, token, pos):
+        x = torch.cat([layer.input_layernorm(draft.embed_tokens(token)),
+                       layer.hidden_norm(hidden)], -1)
+        return layer.self_attn.project(x, draft.rotary(x, pos))
+
+    def finish(hidden, attn):
+        h = hidden + layer.self_attn.o_proj(attn.transpose(1, 2).reshape(1, 1, -1))
+        return h + layer.mlp(layer.post_attention_layernorm(h))
+
+    g = draft.fc(aux)
+    positions = torch.arange(length)[None]
+    nxt = torch.cat([ids[:, 1:], ids[:, -1:]], 1)
+    _, k0, v0 = qkv(g, nxt, positions)
+    out = torch.zeros(steps, length, draft.lm_head.out_features)
+    for t in range(length):
+        hidden, keys, values = g[:, t : t + 1], [k0[:, :, : t + 1]], [v0[:, :, : t + 1]]
+        for k in range(steps):
+            tok = ids[:, min(t + 1 + k, length - 1)].view(1, 1)
+            q, kk, vv = qkv(hidden, tok, torch.tensor([[t + k]]))
+            if k > 0:
+                keys.append(kk)
+                values.append(vv)
+            attn = F.scaled_dot_product_attention(q, torch.cat(keys, 2), torch.cat(values, 2))
+            hidden = finish(hidden, attn)
+            out[k, t] = draft.lm_head(draft.norm(hidden))[0, 0]
+    return out
+
+
+def test_ttt_forward_equals_explicit_chain(target: FrozenTarget) -> None:
+    cfg, draft = build(target, steps=3)
+    ids = torch.randint(3, target.config.vocab_size, (1, 9), generator=torch.Generator().manual_seed(1))
+    features = target.features(ids, None, SPEC.target_layer_ids(cfg, target.config))
+    with torch.no_grad():
+        got = draft(features.aux, ids, 3).logits
+        ref = chain_reference(draft, features.aux, ids, 3)
+    for k in range(3):
+        torch.testing.assert_close(got[k][0], ref[k], rtol=1e-4, atol=1e-4)
+
+
+def test_valid_slots_alignment() -> None:
+    loss_mask = torch.tensor([[0, 0, 1, 1, 1, 1, 0]])
+    lengths = torch.tensor([6])  # the last position is padding
+    # step 0 at slot t predicts x_{t+2}: supervised when loss_mask[t+2]=1 and t+2 < 6
+    assert valid_slots(loss_mask, lengths, 0).int().tolist() == [[1, 1, 1, 1, 0, 0, 0]]
+    assert valid_slots(loss_mask, lengths, 1).int().tolist() == [[1, 1, 1, 0, 0, 0, 0]]
+    assert valid_slots(loss_mask, lengths, 3).int().tolist() == [[1, 0, 0, 0, 0, 0, 0]]
+
+
+def test_step_weights_are_normalised() -> None:
+    w = step_weights(3, 0.8)
+    assert sum(w) == pytest.approx(1.0)
+    assert w[1] / w[0] == pytest.approx(0.8) and w[2] / w[1] == pytest.approx(0.8)
+
+
+def test_loss_uses_target_distribution_restricted_to_draft_vocab() -> None:
+    torch.manual_seed(0)
+    vocab, vd, length = 10, 4, 5
+    d2t = torch.tensor([1, 2, 3, 3])  # draft ids -> target ids 1, 3, 5, 6
+    target_logits = torch.randn(1, length, vocab)
+    draft_logits = [torch.randn(1, length, vd)]
+    mask, lengths = torch.ones(1, length, dtype=torch.long), torch.tensor([length])
+    stats = eagle3_loss(draft_logits, target_logits, mask, lengths, d2t, 0.8)
+    ids = torch.tensor([1, 3, 5, 6])
+    expected = []
+    for t in range(length - 2):  # slots whose x_{t+2} exists
+        p = torch.softmax(target_logits[0, t + 1, ids], -1)
+        expected.append(-(p * torch.log_softmax(draft_logits[0][0, t], -1)).sum())
+    assert stats.loss.item() == pytest.approx(torch.stack(expected).mean().item(), rel=1e-5)
+
+
+def test_build_copies_target_embedding_frozen_and_head_rows(target: FrozenTarget) -> None:
+    from eagle_train.data.vocab import build_vocab_mapping
+
+    counts = torch.arange(target.config.vocab_size).flip(0)  # low ids most frequent
+    vocab = build_vocab_mapping(counts, 64)
+    draft = SPEC.build(Eagle3Config(aux_layer_ids=[1, 2, 3]), target, vocab)
+    assert torch.equal(draft.embed_tokens.weight, target.embed_tokens().weight)
+    assert not draft.embed_tokens.weight.requires_grad
+    assert torch.equal(draft.lm_head.weight, target.lm_head().weight[:64])
+    assert torch.equal(draft.d2t, vocab.d2t) and draft.fc.in_features == 3 * target.config.hidden_size
+
+
+def test_colliding_default_layer_ids_are_a_clear_error(target: FrozenTarget) -> None:
+    with pytest.raises(ValueError, match="aux_layer_ids"):
+        SPEC.target_layer_ids(Eagle3Config(), target.config)  # 4 layers: (2, 2, 1)
+
+
+def test_compute_loss_backpropagates_to_draft_only(target: FrozenTarget) -> None:
+    cfg, draft = build(target)
+    ids = torch.randint(3, target.config.vocab_size, (2, 12))
+    batch = Batch(ids, torch.ones_like(ids), torch.ones_like(ids), torch.tensor([12, 9]))
+    features = target.features(ids, None, SPEC.target_layer_ids(cfg, target.config))
+    result = SPEC.compute_loss(draft, features, batch, cfg)
+    result.loss.backward()
+    assert {"acc_0", "acc_2", "sim_accept_len", "loss_1"} <= result.metrics.keys()
+    assert result.weight == 10 + 7
+    assert all(p.grad is not None for p in draft.parameters() if p.requires_grad)
+    assert all(p.grad is None for p in target.parameters())
