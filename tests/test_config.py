@@ -9,12 +9,14 @@ import pytest
 from eagle_train.config import ConfigError, StrictModel, apply_overrides, load_config
 from eagle_train.data.config import PrepareDataConfig
 from eagle_train.demo.build import DemoConfig
+from eagle_train.run_config import RunConfig
 
 REPO = Path(__file__).resolve().parents[1]
 # Which model validates the YAML files of each folder under configs/.
 CONFIG_KINDS: dict[str, type[StrictModel]] = {
     "demo": DemoConfig,
     "data": PrepareDataConfig,
+    "train": RunConfig,
 }
 
 

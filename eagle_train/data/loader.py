@@ -1,0 +1,104 @@
+"""Micro-batches from a prepared dataset: seeded shuffling, right padding, a resumable position.
+
+Each epoch is a fresh permutation drawn from ``seed + epoch``; ranks take interleaved slices
+of it, so every rank sees a disjoint shard and the whole order is a function of (seed, epoch).
+The loader's position (epoch, offset) is all a checkpoint needs to continue the same stream.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from eagle_train.data.store import VOCAB_FILE, load_prepared, read_meta
+from eagle_train.data.vocab import VocabMapping, load_vocab_mapping
+from eagle_train.drafts.base import Batch
+
+
+class PreparedData:
+    """A prepared dataset directory: rows, meta and (if built) the draft vocabulary."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self.rows = load_prepared(self.path)
+        self.meta = read_meta(self.path)
+        vocab_file = self.path / VOCAB_FILE
+        self.vocab: VocabMapping | None = (
+            load_vocab_mapping(vocab_file) if vocab_file.is_file() else None
+        )
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+
+@dataclass
+class LoaderState:
+    epoch: int = 0
+    offset: int = 0  # micro-batches already taken in this epoch (this rank)
+
+
+class BatchLoader:
+    def __init__(
+        self,
+        data: PreparedData,
+        batch_size: int,
+        seed: int,
+        pad_id: int,
+        max_length: int | None = None,
+        rank: int = 0,
+        world_size: int = 1,
+        shuffle: bool = True,
+    ) -> None:
+        per_rank = len(data) // world_size
+        if per_rank < batch_size:
+            raise ValueError(
+                f"{data.path}: {len(data)} rows cannot fill a micro-batch of {batch_size} "
+                f"on each of {world_size} rank(s)"
+            )
+        self.data, self.batch_size, self.seed = data, batch_size, seed
+        self.pad_id, self.max_length = pad_id, max_length
+        self.rank, self.world_size, self.shuffle = rank, world_size, shuffle
+        self.batches_per_epoch = per_rank // batch_size
+        self.state = LoaderState()
+
+    def _order(self, epoch: int) -> list[int]:
+        n = len(self.data)
+        if not self.shuffle:
+            return list(range(n))
+        gen = torch.Generator().manual_seed(self.seed + epoch)
+        return torch.randperm(n, generator=gen).tolist()
+
+    def next(self) -> Batch:
+        if self.state.offset >= self.batches_per_epoch:
+            self.state = LoaderState(epoch=self.state.epoch + 1, offset=0)
+        order = self._order(self.state.epoch)[self.rank :: self.world_size]
+        start = self.state.offset * self.batch_size
+        self.state.offset += 1
+        return self.collate([order[i] for i in range(start, start + self.batch_size)])
+
+    def collate(self, indices: list[int]) -> Batch:
+        rows = self.data.rows[indices]
+        seqs = [ids[: self.max_length] if self.max_length else ids for ids in rows["input_ids"]]
+        masks = [m[: len(s)] for m, s in zip(rows["loss_mask"], seqs, strict=True)]
+        length = max(len(s) for s in seqs)
+        input_ids = torch.full((len(seqs), length), self.pad_id, dtype=torch.long)
+        loss_mask = torch.zeros((len(seqs), length), dtype=torch.long)
+        attention = torch.zeros((len(seqs), length), dtype=torch.long)
+        for i, (s, m) in enumerate(zip(seqs, masks, strict=True)):
+            input_ids[i, : len(s)] = torch.tensor(s)
+            loss_mask[i, : len(m)] = torch.tensor(m)
+            attention[i, : len(s)] = 1
+        lengths = attention.sum(1)
+        return Batch(
+            input_ids=input_ids, loss_mask=loss_mask, attention_mask=attention, lengths=lengths
+        )
+
+    def epoch_batches(self) -> list[Batch]:
+        """All micro-batches of one pass in file order (validation)."""
+        order = list(range(len(self.data)))[self.rank :: self.world_size]
+        return [
+            self.collate(order[i : i + self.batch_size])
+            for i in range(0, len(order) - self.batch_size + 1, self.batch_size)
+        ]

@@ -1,0 +1,1 @@
+"""Acceptance length: measured in vLLM, and estimated offline from the draft itself."""

@@ -1,0 +1,59 @@
+"""The run config of ``train-draft``: target + data + draft + optim + train."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+import torch
+from pydantic import Field
+
+from eagle_train.config import StrictModel
+from eagle_train.drafts.registry import DraftConfig
+from eagle_train.optim import OptimConfig
+
+DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+DtypeName = Literal["bfloat16", "float16", "float32"]
+
+
+class TargetSection(StrictModel):
+    path: Path  # anything AutoModelForCausalLM.from_pretrained loads
+    dtype: DtypeName = "bfloat16"
+
+
+class DataSection(StrictModel):
+    train: Path  # a prepare-data output directory
+    val: Path | None = None
+    micro_batch_size: int = Field(default=4, ge=1)
+    max_length: int | None = Field(default=None, ge=8)  # crop sequences (None: as prepared)
+    seed: int = 0
+
+
+class TrainSection(StrictModel):
+    output_dir: Path
+    max_steps: int = Field(default=1000, ge=1)
+    grad_accum: int = Field(default=1, ge=1)
+    grad_clip: float | None = Field(default=1.0, gt=0)
+    log_every: int = Field(default=10, ge=1)
+    val_every: int = Field(default=200, ge=1)
+    val_batches: int | None = Field(default=20, ge=1)  # None: the whole validation set
+    save_every: int = Field(default=500, ge=1)
+    keep_last: int = Field(default=3, ge=1)
+    seed: int = 0
+    device: str = "auto"  # auto: cuda when available, else cpu
+    tensorboard: bool = True
+    progress: bool = True
+
+
+class RunConfig(StrictModel):
+    target: TargetSection
+    data: DataSection
+    draft: DraftConfig
+    optim: OptimConfig = OptimConfig()
+    train: TrainSection
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)

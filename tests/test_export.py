@@ -1,0 +1,129 @@
+"""export-draft: validated against vLLM's contract before writing, atomic, with provenance;
+the config for the demo targets matches the checked-in golden files."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from transformers import LlamaForCausalLM, Qwen3ForCausalLM
+from typer.testing import CliRunner
+
+from eagle_train.cli import export_draft_app
+from eagle_train.config import load_config
+from eagle_train.data.vocab import build_vocab_mapping
+from eagle_train.demo.build import DemoConfig
+from eagle_train.demo.targets import target_config
+from eagle_train.drafts.registry import get_draft
+from eagle_train.export import ExportError, export_state, validate_drafter
+from eagle_train.run_config import RunConfig
+from eagle_train.target import FrozenTarget
+
+REPO = Path(__file__).resolve().parents[1]
+GOLDEN = REPO / "export" / "golden"
+
+
+def demo_target(family: str) -> FrozenTarget:
+    """The default demo target's architecture (random weights: only shapes matter here)."""
+    shape = load_config(DemoConfig, REPO / "configs" / "demo" / "default.yaml").shape
+    config = target_config(family, shape, vocab_size=2048, bos=1, eos=2, pad=0)
+    torch.manual_seed(0)
+    model_cls = LlamaForCausalLM if family == "llama" else Qwen3ForCausalLM
+    return FrozenTarget(model_cls(config))
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3"])
+def test_demo_config_matches_golden(family: str) -> None:
+    cfg = load_config(RunConfig, REPO / "configs" / "train" / f"eagle3-{family}-demo.yaml")
+    spec = get_draft(cfg.draft.algorithm)
+    target = demo_target(family)
+    vocab = build_vocab_mapping(torch.arange(2048).flip(0), 1024)
+    drafter = spec.to_vllm(spec.build(cfg.draft, target, vocab).state_dict(), cfg.draft,
+                           target.config)
+    validate_drafter(spec, drafter, target.config)
+    golden = GOLDEN / f"eagle3-{family}-demo.config.json"
+    if os.environ.get("UPDATE_GOLDEN") == "1":
+        golden.write_text(json.dumps(drafter.config, indent=2) + "\n")
+    assert drafter.config == json.loads(golden.read_text())
+
+
+def small_drafter(family: str = "llama"):
+    cfg = load_config(RunConfig, REPO / "configs" / "train" / f"eagle3-{family}-demo.yaml")
+    spec = get_draft("eagle3")
+    target = demo_target(family)
+    state = spec.build(cfg.draft, target, build_vocab_mapping(torch.ones(2048), 1024)).state_dict()
+    return cfg, spec, target, state
+
+
+@pytest.mark.parametrize(
+    "mutate, message",
+    [
+        (lambda s: s.pop("layers.0.hidden_norm.weight"), "missing tensor layers.0.hidden_norm"),
+        (lambda s: s.pop("d2t"), "missing tensor d2t"),
+        (lambda s: s.__setitem__("fc.weight", torch.zeros(128, 256)), "fc.weight has shape"),
+    ],
+)
+def test_contract_violations_are_reported(mutate, message: str) -> None:
+    cfg, spec, target, state = small_drafter()
+    mutate(state)
+    drafter = spec.to_vllm(state, cfg.draft, target.config)
+    with pytest.raises(ExportError, match=message):
+        validate_drafter(spec, drafter, target.config)
+
+
+def test_unexpected_tensor_is_reported() -> None:
+    cfg, spec, target, state = small_drafter()
+    drafter = spec.to_vllm(state, cfg.draft, target.config)
+    drafter.tensors["layers.0.self_attn.q_norm.weight"] = torch.ones(32)  # llama has none
+    with pytest.raises(ExportError, match="unexpected tensor layers.0.self_attn.q_norm"):
+        validate_drafter(spec, drafter, target.config)
+
+
+def test_export_from_checkpoint_cli(tiny_world: Path, tiny_llama_data: Path, tmp_path: Path):
+    from eagle_train.train import train
+
+    overrides = [f"target.path={tiny_world / 'targets' / 'llama' / 'bf16'}",
+                 f"data.train={tiny_llama_data}", "data.val=null", "data.micro_batch_size=2",
+                 "data.max_length=64", f"train.output_dir={tmp_path / 'run'}",
+                 "train.max_steps=2", "train.progress=false", "train.tensorboard=false"]
+    cfg = load_config(RunConfig, REPO / "configs" / "train" / "eagle3-llama-demo.yaml", overrides)
+    ckpt = train(cfg).last_checkpoint
+    out = tmp_path / "drafter"
+    result = CliRunner().invoke(export_draft_app, [str(ckpt), str(out)])
+    assert result.exit_code == 0, result.output
+    assert '"method": "eagle3"' in result.output
+    assert sorted(p.name for p in out.iterdir()) == ["config.json", "eagle_train.json",
+                                                     "model.safetensors"]
+    tensors = load_file(str(out / "model.safetensors"))
+    assert tensors["d2t"].dtype == torch.int64
+    assert all(t.dtype == torch.bfloat16 for n, t in tensors.items() if n != "d2t")
+    assert not any(n.startswith(("model.", "embed_tokens", "t2d")) for n in tensors)
+    config = json.loads((out / "config.json").read_text())
+    assert config["eagle_aux_hidden_state_layer_ids"] == [1, 2, 3]
+    assert config["norm_before_residual"] is False and config["draft_vocab_size"] == 256
+    provenance = json.loads((out / "eagle_train.json").read_text())
+    assert provenance["step"] == 2 and provenance["run_config"]["draft"]["ttt_steps"] == 3
+    assert {"git_revision", "torch", "transformers"} <= provenance["versions"].keys()
+    again = CliRunner().invoke(export_draft_app, [str(ckpt), str(out)])
+    assert again.exit_code == 2 and "--overwrite" in again.output
+
+
+def test_failed_write_leaves_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import eagle_train.export as export
+
+    cfg, spec, target, state = small_drafter()
+    target.model.save_pretrained(tmp_path / "target")
+    cfg = cfg.model_copy(update={"target": cfg.target.model_copy(
+        update={"path": tmp_path / "target"})})
+
+    def boom(*args, **kwargs):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(export, "save_file", boom)
+    with pytest.raises(OSError, match="disk full"):
+        export_state(state, cfg, tmp_path / "out", {"step": 0})
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["target"]

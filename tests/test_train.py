@@ -1,0 +1,111 @@
+"""train-draft: one loop, metrics, checkpoints, and the precision guard it cannot bypass."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from eagle_train.cli import train_draft_app
+from eagle_train.config import load_config
+from eagle_train.metrics import read_metrics
+from eagle_train.optim import PrecisionError
+from eagle_train.run_config import RunConfig
+
+REPO = Path(__file__).resolve().parents[1]
+CONFIG = REPO / "configs" / "train" / "eagle3-llama-demo.yaml"
+
+
+def overrides(world: Path, data: Path, out: Path, steps: int = 12) -> list[str]:
+    return [
+        f"target.path={world / 'targets' / 'llama' / 'bf16'}",
+        f"data.train={data}",
+        f"data.val={data}",
+        "data.micro_batch_size=4",
+        "data.max_length=128",
+        f"train.output_dir={out}",
+        f"train.max_steps={steps}",
+        "train.log_every=4",
+        "train.val_every=6",
+        "train.val_batches=2",
+        "train.save_every=6",
+        "train.keep_last=1",
+        "train.progress=false",
+        "optim.warmup_steps=2",
+    ]
+
+
+def test_cli_trains_logs_and_checkpoints(tiny_world: Path, tiny_llama_data: Path, tmp_path: Path):
+    out = tmp_path / "run"
+    args = ["--config", str(CONFIG)]
+    for o in overrides(tiny_world, tiny_llama_data, out, steps=24):
+        args += ["--set", o]
+    result = CliRunner().invoke(train_draft_app, args)
+    assert result.exit_code == 0, result.output
+    train = read_metrics(out / "metrics.jsonl", "train")
+    assert [r["step"] for r in train] == [4, 8, 12, 16, 20, 24]
+    for key in ("loss", "acc_0", "acc_1", "acc_2", "sim_accept_len", "lr", "grad_norm",
+                "tokens_per_s"):
+        assert all(key in r for r in train), key
+    assert train[-1]["loss"] < train[0]["loss"]
+    assert 1.0 <= train[-1]["sim_accept_len"] <= 4.0
+    val = read_metrics(out / "metrics.jsonl", "val")
+    assert [r["step"] for r in val] == [6, 12, 18, 24]
+    ckpts = sorted(p.name for p in (out / "checkpoints").iterdir())
+    assert ckpts == ["step-0000024"]  # keep_last=1, no temporaries left
+    files = {p.name for p in (out / "checkpoints" / "step-0000024").iterdir()}
+    assert {"draft.safetensors", "optimizer.pt", "scheduler.pt", "config.yaml",
+            "trainer_state.json"} <= files
+    assert any((out / "tensorboard").iterdir())
+    state = torch.load(out / "checkpoints" / "step-0000024" / "optimizer.pt")
+    assert all(v["exp_avg"].dtype == torch.float32 for v in state["state"].values())
+    assert all(v["master"].dtype == torch.float32 for v in state["state"].values())
+
+
+def test_loop_refuses_an_optimizer_built_around_create_optimizer(
+    tiny_world: Path, tiny_llama_data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    import eagle_train.train as loop
+
+    monkeypatch.setattr(
+        loop, "create_optimizer", lambda model, cfg: torch.optim.AdamW(model.parameters())
+    )
+    cfg = load_config(RunConfig, CONFIG, overrides(tiny_world, tiny_llama_data, tmp_path))
+    with pytest.raises(PrecisionError):
+        loop.train(cfg)
+    assert not (tmp_path / "checkpoints").exists()
+
+
+def test_non_finite_loss_names_the_step(
+    tiny_world: Path, tiny_llama_data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    import eagle_train.train as loop
+
+    real = loop.forward_loss
+    calls = {"n": 0}
+
+    def poisoned(*args, **kwargs):
+        result = real(*args, **kwargs)
+        calls["n"] += 1
+        if calls["n"] == 3:
+            result.loss = result.loss * float("nan")
+        return result
+
+    monkeypatch.setattr(loop, "forward_loss", poisoned)
+    cfg = load_config(RunConfig, CONFIG, overrides(tiny_world, tiny_llama_data, tmp_path))
+    with pytest.raises(loop.NonFiniteLossError, match="at step 3"):
+        loop.train(cfg)
+
+
+def test_resolved_config_is_saved(tiny_world: Path, tiny_llama_data: Path, tmp_path: Path):
+    import eagle_train.train as loop
+
+    cfg = load_config(RunConfig, CONFIG, overrides(tiny_world, tiny_llama_data, tmp_path, 2))
+    loop.train(cfg)
+    again = load_config(RunConfig, tmp_path / "config.yaml")
+    assert again == cfg
+    assert json.loads((tmp_path / "checkpoints" / "step-0000002" / "trainer_state.json"
+                       ).read_text())["step"] == 2
