@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import uuid
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -21,6 +20,7 @@ from torch import nn
 
 from eagle_train.config import dump_config, load_config
 from eagle_train.data.loader import LoaderState
+from eagle_train.fsutil import atomic_directory
 from eagle_train.run_config import RunConfig
 
 STATE_FILE = "trainer_state.json"
@@ -41,9 +41,7 @@ def save_checkpoint(
     keep_last: int,
 ) -> Path:
     final = root / checkpoint_name(step)
-    tmp = root / f".{final.name}.tmp-{uuid.uuid4().hex[:8]}"
-    tmp.mkdir(parents=True)
-    try:
+    with atomic_directory(final) as tmp:
         state = {k: v.detach().contiguous() for k, v in draft.state_dict().items()}
         save_file(state, str(tmp / "draft.safetensors"))
         torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
@@ -51,12 +49,6 @@ def save_checkpoint(
         dump_config(cfg, tmp / "config.yaml")
         trainer = {"step": step, "loader": asdict(loader)}
         (tmp / STATE_FILE).write_text(json.dumps(trainer, indent=2))
-        if final.exists():
-            shutil.rmtree(final)
-        tmp.rename(final)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     for old in list_checkpoints(root)[:-keep_last]:
         shutil.rmtree(old)
     return final

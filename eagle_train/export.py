@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import json
 import platform
-import shutil
 import subprocess
-import uuid
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +22,7 @@ import eagle_train
 from eagle_train.checkpoint import load_draft_checkpoint
 from eagle_train.drafts.base import DraftSpec, VllmDrafter
 from eagle_train.drafts.registry import get_draft
+from eagle_train.fsutil import atomic_directory
 from eagle_train.run_config import DTYPES, RunConfig
 
 PROVENANCE_FILE = "eagle_train.json"
@@ -122,16 +121,7 @@ def git_revision() -> str | None:
 
 
 def _write_atomic(out: Path, config: dict, tensors: dict, provenance: dict) -> None:
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.parent / f".{out.name}.tmp-{uuid.uuid4().hex[:8]}"
-    tmp.mkdir()
-    try:
+    with atomic_directory(out) as tmp:
         (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
         save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
         (tmp / PROVENANCE_FILE).write_text(json.dumps(provenance, indent=2) + "\n")
-        if out.exists():
-            shutil.rmtree(out)
-        tmp.rename(out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -23,6 +22,7 @@ import datasets
 from datasets.arrow_writer import ArrowWriter
 
 from eagle_train.data.errors import DataError
+from eagle_train.fsutil import atomic_directory
 
 FORMAT = "eagle-train-prepared"
 FORMAT_VERSION = 1
@@ -54,23 +54,9 @@ def check_output_dir(path: Path, overwrite: bool) -> None:
 def atomic_output_dir(final: Path, overwrite: bool) -> Iterator[Path]:
     """Yield a temporary directory that becomes ``final`` only if the block completes."""
     check_output_dir(final, overwrite)
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = final.parent / f".{final.name}.tmp-{uuid.uuid4().hex[:8]}"
-    tmp.mkdir()
-    try:
+    with atomic_directory(final) as tmp:
         yield tmp
         shutil.rmtree(tmp / _SCRATCH, ignore_errors=True)
-        if final.exists():
-            # Move the old output aside first, so there is never a moment with neither.
-            old = final.parent / f".{final.name}.old-{uuid.uuid4().hex[:8]}"
-            final.rename(old)
-            tmp.rename(final)
-            shutil.rmtree(old)
-        else:
-            tmp.rename(final)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
 
 
 class ExampleWriter:

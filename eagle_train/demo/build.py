@@ -16,8 +16,6 @@ from __future__ import annotations
 import json
 import logging
 import platform
-import shutil
-import tempfile
 import time
 from pathlib import Path
 
@@ -37,6 +35,7 @@ from eagle_train.demo.targets import (
     save_target,
 )
 from eagle_train.demo.tokenizer import train_tokenizer
+from eagle_train.fsutil import atomic_directory
 
 log = logging.getLogger(__name__)
 
@@ -64,17 +63,8 @@ def build_demo_world(cfg: DemoConfig, out_dir: str | Path, overwrite: bool = Fal
     out = Path(out_dir)
     if out.exists() and not overwrite:
         raise FileExistsError(f"{out} already exists; pass --overwrite to rebuild it")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
-    try:
-        summary = _build_into(cfg, tmp)
-        if out.exists():
-            shutil.rmtree(out)
-        tmp.rename(out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return summary
+    with atomic_directory(out) as tmp:
+        return _build_into(cfg, tmp)
 
 
 def _build_into(cfg: DemoConfig, root: Path) -> dict:
