@@ -105,7 +105,8 @@ def train(cfg: RunConfig) -> TrainResult:
              cfg.draft.algorithm, sum(p.numel() for p in params) / 1e6, c.layer_ids, len(data))
 
     c.draft.train()
-    bar = tqdm(range(1, cfg.train.max_steps + 1), disable=not cfg.train.progress, desc="train")
+    bar = tqdm(range(1, cfg.train.max_steps + 1), disable=not cfg.train.progress, desc="train",
+               mininterval=1.0)
     window, tokens, t0 = WeightedMean(), 0, time.perf_counter()
     checkpoint, val_metrics = None, {}
     for step in bar:

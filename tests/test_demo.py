@@ -92,3 +92,40 @@ def test_build_is_deterministic_and_atomic(
     with pytest.raises(FileExistsError, match="--overwrite"):
         build_demo_world(cfg, again)
     assert [p.name for p in tmp_path.iterdir()] == ["again"]  # no temporary left behind
+
+
+def test_prepare_data_regenerates_demo_answers_with_the_target(tiny_world: Path, tmp_path: Path):
+    """prepare-data on the demo chats: the assistant turns become the target's greedy output
+    (checked against transformers generate), and the loss mask covers exactly them."""
+    from eagle_train.data.config import PrepareDataConfig
+    from eagle_train.data.prepare import prepare_data
+    from eagle_train.data.store import load_prepared
+
+    target = target_dir(tiny_world, "llama", "fp32")
+    out = tmp_path / "prepared"
+    cfg = load_config(PrepareDataConfig, None, [
+        f"inputs=[{tiny_world / 'data' / 'val.jsonl'}]", f"output_dir={out}",
+        f"tokenizer={target}", "limit=4", "regenerate.enabled=true",
+        "regenerate.backend=transformers", "regenerate.dtype=float32",
+        "regenerate.max_new_tokens=24",
+    ])
+    report = prepare_data(cfg)
+    assert report.num_examples == 4
+    tok = AutoTokenizer.from_pretrained(target)
+    model = AutoModelForCausalLM.from_pretrained(target).eval()
+    chats = read_jsonl(tiny_world / "data" / "val.jsonl")[:4]
+    rows = load_prepared(out)
+    for chat, row in zip(chats, rows, strict=True):
+        prompt = tok.apply_chat_template(chat["messages"][:1], add_generation_prompt=True,
+                                         tokenize=True, return_dict=True)["input_ids"]
+        with torch.no_grad():
+            gen = model.generate(torch.tensor([prompt]), max_new_tokens=24, do_sample=False,
+                                 pad_token_id=tok.pad_token_id)[0, len(prompt):].tolist()
+        if tok.eos_token_id in gen:  # the answer ends at (and includes) the end of turn
+            gen = gen[: gen.index(tok.eos_token_id) + 1]
+        ids, mask = row["input_ids"], row["loss_mask"]
+        assert ids[: len(prompt)] == prompt
+        masked = [t for t, m in zip(ids, mask, strict=True) if m]
+        assert masked[: len(gen)] == gen  # a second turn's answer may follow
+        if len(chat["messages"]) == 2:
+            assert masked == gen
