@@ -31,8 +31,9 @@ class FrozenTarget(nn.Module):
     def from_pretrained(
         cls, path: str | Path, dtype: torch.dtype = torch.bfloat16, device: str = "cpu"
     ) -> FrozenTarget:
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
-        return cls(model.to(device))
+        # Load straight onto the device: a large target should not pass through host memory.
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, device_map=device)
+        return cls(model)
 
     @property
     def config(self) -> PretrainedConfig:
