@@ -124,3 +124,50 @@ def export_draft(
         raise _fail(exc) from None
     typer.echo(f"drafter written to {out}")
     typer.echo("speculative_config: " + json.dumps(serving_config(out)))
+
+
+eval_acceptance_app = typer.Typer(add_completion=False, help="Acceptance length in vLLM.")
+
+
+@eval_acceptance_app.command()
+def eval_acceptance(
+    target: Annotated[Path, typer.Option(help="The target model directory.")],
+    draft: Annotated[list[Path], typer.Option(help="An exported drafter (repeatable).")],
+    prompts: Annotated[str, typer.Option(help="'mt_bench' or a JSONL of prompts/messages.")]
+    = "mt_bench",
+    turns: Annotated[int, typer.Option(help="1: first turn; 2: both turns.")] = 2,
+    max_new_tokens: int = 256,
+    num_speculative_tokens: Annotated[int | None, typer.Option(
+        help="Default: what each export was trained for.")] = None,
+    dtype: Annotated[str, typer.Option(help="Explicit serving dtype.")] = "bfloat16",
+    limit: Annotated[int | None, typer.Option(help="Use the first N prompts.")] = None,
+    max_model_len: Annotated[int | None, typer.Option(
+        help="Default: the target's own limit.")] = None,
+    kv_cache_memory_bytes: Annotated[int | None, typer.Option(
+        help="vLLM KV cache size; default: vLLM's sizing on GPU, 512 MiB on CPU.")] = None,
+    out: Annotated[Path, typer.Option(help="Output directory.")] = Path("runs/eval"),
+) -> None:
+    """Measure acceptance length (MT-Bench by default: greedy, one request at a time) of
+    each drafter next to the target, per category, with the no-draft speed baseline and
+    paired statistics between drafters."""
+    import os
+
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    from eagle_train.evaluate.drafter import DrafterError
+    from eagle_train.evaluate.harness import EvalSettings, run_eval
+    from eagle_train.evaluate.report import to_markdown, write_report
+
+    _setup_logging(False)
+    settings = EvalSettings(
+        target=target, drafters=list(draft), prompts=prompts, turns=turns,
+        max_new_tokens=max_new_tokens, num_speculative_tokens=num_speculative_tokens,
+        dtype=dtype, limit=limit, max_model_len=max_model_len,
+        kv_cache_memory_bytes=kv_cache_memory_bytes,
+    )
+    try:
+        run = run_eval(settings)
+    except (DrafterError, ValueError) as exc:
+        raise _fail(exc) from None
+    summary = write_report(run, out)
+    typer.echo(to_markdown(summary))
+    typer.echo(f"per-prompt records, summary.json/.md and acceptance.png in {out}")

@@ -30,7 +30,7 @@ class VllmEngine:
         self,
         model: str | Path,
         dtype: str,
-        max_model_len: int = 2048,
+        max_model_len: int | None = 2048,
         kv_cache_memory_bytes: int | None = 64 * 2**20,
         seed: int = 0,
         speculative_config: dict[str, Any] | None = None,
@@ -41,11 +41,12 @@ class VllmEngine:
         self.kwargs: dict[str, Any] = dict(
             model=self.model,
             dtype=dtype,
-            max_model_len=max_model_len,
             seed=seed,
             enforce_eager=True,
             disable_log_stats=False,  # get_metrics() needs stats
         )
+        if max_model_len is not None:  # None: the model's own limit
+            self.kwargs["max_model_len"] = max_model_len
         if kv_cache_memory_bytes is not None:
             self.kwargs["kv_cache_memory_bytes"] = kv_cache_memory_bytes
         if speculative_config is not None:

@@ -46,6 +46,10 @@ class VllmDrafter:
 class DraftSpec(Protocol):
     name: str
     config_cls: type[StrictModel]
+    vllm_method: str  # speculative_config.method its exports are served with
+
+    def recognizes(self, config: dict[str, Any]) -> bool:
+        """Whether a drafter config.json (from any exporter) is this algorithm's format."""
 
     def target_layer_ids(self, cfg: Any, target: PretrainedConfig) -> list[int]:
         """Target layers (after-k-layers convention) whose hidden states the draft reads."""

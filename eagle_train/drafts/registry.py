@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from types import MappingProxyType
-from typing import Annotated, Union
+from typing import Annotated, Any, Union
 
 from pydantic import Field
 
@@ -19,6 +19,23 @@ def get_draft(name: str) -> DraftSpec:
     if name not in DRAFTS:
         raise ValueError(f"unknown draft algorithm {name!r}; known: {sorted(DRAFTS)}")
     return DRAFTS[name]
+
+
+def identify_drafter(config: dict[str, Any], method: str | None = None) -> DraftSpec:
+    """The spec of a drafter directory's format: by its recorded serving method when given,
+    else by recognising its config.json."""
+    if method is not None:
+        found = [s for s in DRAFTS.values() if s.vllm_method == method and s.recognizes(config)]
+        found = found or [s for s in DRAFTS.values() if s.vllm_method == method]
+    else:
+        found = [s for s in DRAFTS.values() if s.recognizes(config)]
+    if len(found) != 1:
+        known = ", ".join(sorted(s.vllm_method for s in DRAFTS.values()))
+        raise ValueError(
+            f"unknown drafter method (method {method!r}, architectures "
+            f"{config.get('architectures')}); this version validates and serves: {known}"
+        )
+    return found[0]
 
 
 _configs = tuple(spec.config_cls for spec in DRAFTS.values())

@@ -20,6 +20,14 @@ from eagle_train.target import FrozenTarget, TargetFeatures
 class Eagle3Spec:
     name = "eagle3"
     config_cls = Eagle3Config
+    vllm_method = "eagle3"
+
+    def recognizes(self, config: dict[str, Any]) -> bool:
+        archs = config.get("architectures") or []
+        return (not config.get("parallel_drafting")
+                and ("eagle_aux_hidden_state_layer_ids" in config
+                     or "num_aux_hidden_states" in config
+                     or any(a.startswith("Eagle3") or a.endswith("Eagle3") for a in archs)))
 
     def target_layer_ids(self, cfg: Eagle3Config, target: PretrainedConfig) -> list[int]:
         num_layers = target.num_hidden_layers

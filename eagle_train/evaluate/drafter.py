@@ -1,0 +1,83 @@
+"""Read an exported drafter directory before any engine starts: its method, K, and whether
+its tensors match vLLM's contract for this target (vLLM itself would not say)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import safe_open
+from transformers import PretrainedConfig
+
+from eagle_train.drafts.base import DraftSpec
+from eagle_train.drafts.registry import identify_drafter
+from eagle_train.export import PROVENANCE_FILE, contract_problems
+
+
+class DrafterError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class DrafterInfo:
+    path: Path
+    spec: DraftSpec
+    method: str
+    num_speculative_tokens: int
+
+    def speculative_config(self) -> dict[str, Any]:
+        return {"method": self.method, "model": str(self.path),
+                "num_speculative_tokens": self.num_speculative_tokens}
+
+
+def inspect_drafter(
+    path: str | Path, target: PretrainedConfig, num_speculative_tokens: int | None = None
+) -> DrafterInfo:
+    path = Path(path)
+    config = _read_json(path / "config.json")
+    serving = _read_json(path / PROVENANCE_FILE).get("serving", {}) \
+        if (path / PROVENANCE_FILE).is_file() else {}
+    try:
+        spec = identify_drafter(config, serving.get("method"))
+    except ValueError as exc:
+        raise DrafterError(f"{path}: {exc}") from None
+    weights = path / "model.safetensors"
+    if not weights.is_file():
+        raise DrafterError(f"{path}: no model.safetensors")
+    problems = contract_problems(spec, config, _tensor_shapes(weights), target)
+    if problems:
+        raise DrafterError(f"{path}: not servable next to this target:\n  " + "\n  ".join(problems))
+    k = num_speculative_tokens or serving.get("num_speculative_tokens")
+    if not k:
+        raise DrafterError(f"{path}: the export does not record how many tokens it drafts; "
+                           "pass --num-speculative-tokens")
+    return DrafterInfo(path=path, spec=spec, method=spec.vllm_method, num_speculative_tokens=k)
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        raise DrafterError(f"{path.parent}: missing {path.name}")
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise DrafterError(f"{path}: malformed JSON: {exc.msg} (line {exc.lineno})") from None
+    if not isinstance(data, dict):
+        raise DrafterError(f"{path}: expected a JSON object")
+    return data
+
+
+_DTYPES = {"I64": torch.int64, "I32": torch.int32, "BOOL": torch.bool, "BF16": torch.bfloat16,
+           "F16": torch.float16, "F32": torch.float32}
+
+
+def _tensor_shapes(path: Path) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
+    """Names, shapes and dtypes from the safetensors header (no tensor data is read)."""
+    out = {}
+    with safe_open(str(path), framework="pt") as f:
+        for name in f.keys():  # noqa: SIM118 (safe_open is not a mapping)
+            sl = f.get_slice(name)
+            out[name] = (tuple(sl.get_shape()), _DTYPES.get(sl.get_dtype(), torch.float32))
+    return out

@@ -1,0 +1,37 @@
+"""Paired comparison of two drafters on the same prompts (per-prompt differences)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from scipy import stats
+
+
+@dataclass(frozen=True)
+class PairedDifference:
+    n: int
+    mean: float  # mean of (b - a)
+    std: float  # sample standard deviation of the differences
+    t: float  # paired t statistic
+    p_value: float  # two-sided
+    ci_low: float  # 95% confidence interval of the mean difference
+    ci_high: float
+
+
+def paired_difference(a: list[float], b: list[float], level: float = 0.95) -> PairedDifference:
+    """Student's paired t-test of ``b - a``."""
+    if len(a) != len(b) or len(a) < 2:
+        raise ValueError(f"need two equally long samples of >= 2 values, got {len(a)}, {len(b)}")
+    diffs = [y - x for x, y in zip(a, b, strict=True)]
+    n = len(diffs)
+    mean = sum(diffs) / n
+    std = math.sqrt(sum((d - mean) ** 2 for d in diffs) / (n - 1))
+    sem = std / math.sqrt(n)
+    if sem == 0.0:  # identical differences: no spread, the mean is exact
+        t = math.inf if mean else 0.0
+        return PairedDifference(n, mean, 0.0, t, 0.0 if mean else 1.0, mean, mean)
+    t = mean / sem
+    p = 2.0 * stats.t.sf(abs(t), df=n - 1)
+    half = stats.t.ppf(0.5 + level / 2.0, df=n - 1) * sem
+    return PairedDifference(n, mean, std, t, float(p), mean - half, mean + half)

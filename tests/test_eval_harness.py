@@ -1,0 +1,77 @@
+"""eval-acceptance end to end in vLLM: a drafter perfect by construction measures exactly
+K+1, a random one about 1.0; both turns, per-category tables, plot, paired statistics."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from perfect_drafter import build_identity_target, build_perfect_eagle3, build_random_eagle3
+from transformers import AutoTokenizer
+
+from eagle_train.evaluate.harness import EvalSettings, run_eval
+from eagle_train.evaluate.report import write_report
+
+pytestmark = pytest.mark.vllm
+K = 3
+
+
+@pytest.fixture(scope="module")
+def evaluated(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    root = tmp_path_factory.mktemp("harness")
+    target = build_identity_target(root / "target")
+    tok = AutoTokenizer.from_pretrained(target)  # words are tokens; turns joined by spaces
+    tok.chat_template = "{% for m in messages %}{{ m['content'] }} {% endfor %}"
+    tok.save_pretrained(target)
+    prompts = root / "prompts.jsonl"
+    rows = [{"id": "a", "category": "walk", "turns": ["t5 t17 t40", "t9"]},
+            {"id": "b", "category": "jump", "turns": ["t90 t3", "t60 t61"]}]
+    prompts.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    perfect = build_perfect_eagle3(target, root / "perfect", K)
+    random = build_random_eagle3(target, root / "random", K)
+    settings = EvalSettings(target=target, drafters=[perfect, random], prompts=str(prompts),
+                            turns=2, max_new_tokens=16, dtype="float32", max_model_len=512,
+                            kv_cache_memory_bytes=64 * 2**20, ignore_eos=True)
+    run = run_eval(settings)
+    summary = write_report(run, root / "out")
+    return {"run": run, "summary": summary, "out": root / "out", "perfect": perfect,
+            "random": random}
+
+
+def test_perfect_drafter_measures_k_plus_one(evaluated: dict) -> None:
+    d = evaluated["summary"]["drafters"][str(evaluated["perfect"])]
+    assert d["num_speculative_tokens"] == K
+    assert d["overall"]["acceptance_length"] == K + 1
+    assert d["overall"]["per_position_rate"] == [1.0] * K
+    assert set(d["categories"]) == {"walk", "jump"}
+    assert all(c["acceptance_length"] == K + 1 for c in d["categories"].values())
+
+
+def test_random_drafter_measures_about_one(evaluated: dict) -> None:
+    d = evaluated["summary"]["drafters"][str(evaluated["random"])]
+    assert 1.0 <= d["overall"]["acceptance_length"] < 1.1
+
+
+def test_both_turns_use_the_targets_own_first_answer(evaluated: dict) -> None:
+    records = evaluated["run"].records
+    target = [r for r in records if r["model"] == "target"]
+    assert [(r["id"], r["turn"]) for r in target] == [("a", 1), ("b", 1), ("a", 2), ("b", 2)]
+    for first, second in ((target[0], target[2]), (target[1], target[3])):
+        # turn 2 = turn-1 prompt + the 16 answer tokens + the second user message
+        assert second["prompt_tokens"] > first["prompt_tokens"] + first["new_tokens"]
+    for name in (evaluated["perfect"], evaluated["random"]):  # greedy: lossless
+        outs = [r["output"] for r in records if r["model"] == str(name)]
+        assert outs == [r["output"] for r in target]
+
+
+def test_report_files_and_paired_statistics(evaluated: dict) -> None:
+    out = evaluated["out"]
+    lines = (out / "per_prompt.jsonl").read_text().splitlines()
+    assert len(lines) == 3 * 4  # target + 2 drafters, 2 prompts x 2 turns
+    assert (out / "acceptance.png").stat().st_size > 5000
+    md = (out / "summary.md").read_text()
+    assert "| walk |" in md and "| **overall** |" in md and "Paired AL difference" in md
+    (paired,) = evaluated["summary"]["paired"]
+    assert paired["n"] == 4 and paired["mean"] < -2.5
+    assert paired["ci_high"] < 0
+    assert evaluated["summary"]["baseline_tokens_per_s"] > 0

@@ -1,0 +1,128 @@
+"""vLLM measures acceptance length exactly K+1 for a drafter that is perfect by construction.
+
+The target's next token depends only on the current one, and the hand-built EAGLE-3 drafter
+(tests/perfect_drafter.py) reproduces it exactly at every draft step; a random drafter of the
+same shape is accepted about as often as chance (1/96 per token).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from perfect_drafter import (
+    AUX_LAYER_IDS,
+    build_identity_target,
+    build_perfect_eagle3,
+    build_random_eagle3,
+    next_token_table,
+)
+from safetensors.torch import load_file
+
+from eagle_train.drafts.eagle3.config import Eagle3Config
+from eagle_train.drafts.registry import get_draft
+from eagle_train.evaluate.offline import estimate_acceptance
+from eagle_train.export import serving_config
+from eagle_train.serving import VllmEngine
+from eagle_train.target import FrozenTarget
+
+pytestmark = pytest.mark.vllm
+NUM_NEW = 48
+PROMPTS = [[1, 5, 17, 40], [1, 90], [1, 3, 3, 3, 3, 3, 3, 60, 61, 62], [1, 44, 2, 9, 12]]
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    root = tmp_path_factory.mktemp("perfect")
+    target = build_identity_target(root / "target")
+    return {
+        "target": target,
+        "table": next_token_table(target),
+        "perfect": {k: build_perfect_eagle3(target, root / f"perfect-k{k}", k) for k in (2, 3)},
+        "random": build_random_eagle3(target, root / "random-k3", 3, seed=1),
+    }
+
+
+def serve(target: Path, drafter: Path | None, one_by_one: bool = False):
+    """Greedy tokens per prompt and the counters: per prompt (one request at a time) or for
+    the whole batch (all prompts at once: fewer engine steps, much faster on a CPU)."""
+    sampling = dict(temperature=0.0, max_tokens=NUM_NEW, ignore_eos=True)
+    spec = serving_config(drafter) if drafter else None
+    with VllmEngine(target, dtype="float32", max_model_len=512, speculative_config=spec) as e:
+        if one_by_one:
+            return e.generate_one_by_one(PROMPTS, sampling)
+        before = e.counters()
+        tokens = e.generate(PROMPTS, sampling)
+        return tokens, e.counters() - before
+
+
+@pytest.fixture(scope="module")
+def baseline(world: dict) -> list[list[int]]:
+    return serve(world["target"], None)[0]
+
+
+def test_target_follows_its_next_token_table(world: dict, baseline: list[list[int]]) -> None:
+    table = world["table"]
+    for prompt, tokens in zip(PROMPTS, baseline, strict=True):
+        expected = [table[prompt[-1]]]
+        while len(expected) < NUM_NEW:
+            expected.append(table[expected[-1]])
+        assert tokens == expected
+    assert len(set(baseline[0])) == NUM_NEW  # one long cycle, not a fixed point
+
+
+def test_perfect_drafter_accepts_everything_per_request(world: dict, baseline: list[list[int]]
+                                                        ) -> None:
+    k = 3  # one request at a time: the per-request counter deltas the harness reads
+    results = serve(world["target"], world["perfect"][k], one_by_one=True)
+    assert [tokens for tokens, _ in results] == baseline
+    for _, counters in results:
+        assert counters.drafts > 0
+        assert counters.draft_tokens == k * counters.drafts
+        assert counters.accepted == k * counters.drafts, counters
+        assert counters.accepted_per_pos == [counters.drafts] * k
+        assert counters.acceptance_length == k + 1
+    print(f"perfect K={k}: AL " + ", ".join(f"{c.acceptance_length:.3f}" for _, c in results))
+
+
+def test_perfect_drafter_accepts_everything_batched(world: dict, baseline: list[list[int]]
+                                                   ) -> None:
+    k = 2  # all prompts at once; every request is full only if the total is
+    tokens, counters = serve(world["target"], world["perfect"][k])
+    assert tokens == baseline
+    assert counters.drafts > 0
+    assert counters.accepted == k * counters.drafts, counters
+    assert counters.accepted_per_pos == [counters.drafts] * k
+    assert counters.acceptance_length == k + 1
+    print(f"perfect K={k}: AL {counters.acceptance_length:.3f} (batched)")
+
+
+def test_random_drafter_accepts_about_nothing(world: dict, baseline: list[list[int]]) -> None:
+    tokens, counters = serve(world["target"], world["random"])
+    assert tokens == baseline
+    drafts, accepted = counters.drafts, counters.accepted
+    assert drafts > 0
+    print(f"random K=3: AL {1 + accepted / drafts:.3f} ({accepted}/{drafts})")
+    assert 1 + accepted / drafts < 1.1, (drafts, accepted)
+
+
+def test_project_draft_model_agrees_offline(world: dict) -> None:
+    """The project's own EAGLE-3 forward, loaded with the exported tensors, replays the same
+    acceptance (no vLLM involved): the construction is exact in both implementations."""
+    table = world["table"]
+    outputs = []
+    for prompt in PROMPTS:
+        out = [table[prompt[-1]]]
+        while len(out) < NUM_NEW:
+            out.append(table[out[-1]])
+        outputs.append(out)
+    target = FrozenTarget.from_pretrained(world["target"], dtype=torch.float32)
+    spec = get_draft("eagle3")
+    cfg = Eagle3Config(aux_layer_ids=AUX_LAYER_IDS, ttt_steps=3)
+    for path, expected in [(world["perfect"][3], 4.0), (world["random"], None)]:
+        draft = spec.build(cfg, target, None)
+        state = load_file(str(path / "model.safetensors"))
+        assert not draft.load_state_dict(state, strict=False).unexpected_keys
+        al = estimate_acceptance(spec, draft, cfg, target, PROMPTS, outputs, 3).acceptance_length
+        assert (al == expected) if expected else (al < 1.1), (path.name, al)
