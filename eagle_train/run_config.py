@@ -43,6 +43,14 @@ class TrainSection(StrictModel):
     device: str = "auto"  # auto: cuda when available, else cpu
     tensorboard: bool = True
     progress: bool = True
+    # Every N steps (and at the end) serve the current draft in vLLM (needs the vllm extra)
+    # on a few prompts, log its acceptance length, keep the best checkpoint under best/.
+    acceptance_every: int | None = Field(default=None, ge=1)
+    acceptance_prompts: str = "mt_bench"  # or a JSONL of prompts/messages
+    acceptance_num_prompts: int = Field(default=16, ge=1)
+    acceptance_max_new_tokens: int = Field(default=128, ge=1)
+    acceptance_max_model_len: int | None = 2048
+    acceptance_kv_cache_bytes: int | None = 256 * 2**20
 
 
 class RunConfig(StrictModel):

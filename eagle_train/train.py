@@ -23,6 +23,7 @@ from eagle_train.config import dump_config
 from eagle_train.data.loader import BatchLoader, PreparedData
 from eagle_train.drafts.base import Batch, DraftSpec
 from eagle_train.drafts.registry import get_draft
+from eagle_train.evaluate.during_training import AcceptanceProbe
 from eagle_train.metrics import MetricLog, WeightedMean, format_metrics
 from eagle_train.optim import (
     PrecisionGuard,
@@ -109,6 +110,7 @@ def train(cfg: RunConfig) -> TrainResult:
                mininterval=1.0)
     window, tokens, t0 = WeightedMean(), 0, time.perf_counter()
     checkpoint, val_metrics = None, {}
+    probe = AcceptanceProbe(cfg, out)
     for step in bar:
         for _ in range(cfg.train.grad_accum):
             batch = loader.next()
@@ -139,6 +141,12 @@ def train(cfg: RunConfig) -> TrainResult:
         if step % cfg.train.save_every == 0 or last:
             checkpoint = save_checkpoint(out / "checkpoints", step, c.draft, optimizer, scheduler,
                                          cfg, loader.state, cfg.train.keep_last)
+        if probe.due(step, last):
+            accept = probe.measure(step, c.draft)
+            metric_log.write("acceptance", step, accept)
+            if probe.improved(accept):
+                save_checkpoint(out / "best", step, c.draft, optimizer, scheduler, cfg,
+                                loader.state, keep_last=1)
     metric_log.close()
     assert checkpoint is not None  # the last step always saves
     log.info("done: last checkpoint %s", checkpoint)

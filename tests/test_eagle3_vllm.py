@@ -25,6 +25,7 @@ from eagle_train.data.loader import PreparedData
 from eagle_train.drafts.registry import get_draft
 from eagle_train.evaluate.offline import estimate_acceptance
 from eagle_train.export import export_draft, export_state, serving_config
+from eagle_train.metrics import read_metrics
 from eagle_train.run_config import RunConfig
 from eagle_train.serving import VllmEngine
 from eagle_train.target import FrozenTarget
@@ -44,10 +45,15 @@ def trained(request: pytest.FixtureRequest, tiny_world: Path, tmp_path_factory) 
     overrides = [f"target.path={tiny_world / 'targets' / family / 'bf16'}", f"data.train={data}",
                  "data.val=null", "data.max_length=128", f"train.output_dir={root / 'run'}",
                  "train.max_steps=150", "train.progress=false", "train.tensorboard=false",
-                 f"draft.ttt_steps={K}"]
+                 f"draft.ttt_steps={K}", "train.acceptance_every=75",
+                 f"train.acceptance_prompts={tiny_world / 'data' / 'val.jsonl'}",
+                 "train.acceptance_num_prompts=4", "train.acceptance_max_new_tokens=32",
+                 "train.acceptance_max_model_len=512",
+                 f"train.acceptance_kv_cache_bytes={64 * 2**20}"]
     cfg = load_config(RunConfig, REPO / "configs" / "train" / f"eagle3-{family}-demo.yaml",
                       overrides)
     checkpoint = train(cfg).last_checkpoint
+    acceptance = read_metrics(root / "run" / "metrics.jsonl", "acceptance")
     spec = get_draft(cfg.draft.algorithm)
     target = FrozenTarget.from_pretrained(cfg.target.path)
     torch.manual_seed(1)
@@ -56,6 +62,7 @@ def trained(request: pytest.FixtureRequest, tiny_world: Path, tmp_path_factory) 
         "family": family, "cfg": cfg, "checkpoint": checkpoint,
         "drafter": export_draft(checkpoint, root / "drafter"),
         "random": export_state(random_state, cfg, root / "random", {"step": 0}),
+        "acceptance": acceptance, "run": root / "run",
     }
 
 
@@ -99,3 +106,13 @@ def test_served_in_vllm_lossless_and_accepting(trained: dict, tiny_world: Path) 
     print(f"{family}: vLLM AL {al_trained:.3f} (random {al_random:.3f}), "
           f"offline {offline.acceptance_length:.3f}")
     assert abs(offline.acceptance_length - al_trained) <= 0.05
+
+
+def test_acceptance_measured_in_vllm_during_training(trained: dict) -> None:
+    rows = trained["acceptance"]
+    assert [r["step"] for r in rows] == [75, 150]
+    assert all(1.0 <= r["acceptance_length"] <= K + 1 for r in rows)
+    assert all(f"accept_rate_{K - 1}" in r for r in rows)
+    best_step = max(rows, key=lambda r: r["acceptance_length"])["step"]
+    (best,) = (trained["run"] / "best").iterdir()
+    assert best.name == f"step-{best_step:07d}"

@@ -39,6 +39,7 @@ class EvalSettings:
     # vLLM's KV cache; None lets vLLM size it (GPU). On CPU set it (vLLM would take ~7 GiB).
     kv_cache_memory_bytes: int | None = None
     ignore_eos: bool = False
+    baseline: bool = True  # also run the target alone (needed for speedup and for turn 2)
 
 
 @dataclass
@@ -58,6 +59,8 @@ class EvalRun:
 def run_eval(settings: EvalSettings) -> EvalRun:
     if settings.turns not in (1, 2):
         raise ValueError(f"turns must be 1 or 2, got {settings.turns}")
+    if settings.turns == 2 and not settings.baseline:
+        raise ValueError("turn 2 is asked with the target's own first answer: keep the baseline")
     target_config = AutoConfig.from_pretrained(settings.target)
     infos = [inspect_drafter(d, target_config, settings.num_speculative_tokens)
              for d in settings.drafters]
@@ -65,13 +68,15 @@ def run_eval(settings: EvalSettings) -> EvalRun:
     prompts = load_prompts(settings.prompts, settings.limit)
     run = EvalRun(settings=settings, drafters=infos)
     first = [Request(p, 1, _render(tokenizer, p, [])) for p in prompts]
-    with _engine(settings, None) as engine:
-        _warm_up(engine, first[0])
-        answers = _serve(engine, first, "target", run.records, settings)
-        second = [Request(p, 2, _render(tokenizer, p, [tokenizer.decode(a, skip_special_tokens=True)]))
-                  for p, a in zip(prompts, answers, strict=True)
-                  if settings.turns == 2 and len(p.turns) > 1]
-        _serve(engine, second, "target", run.records, settings)
+    second: list[Request] = []
+    if settings.baseline:
+        with _engine(settings, None) as engine:
+            _warm_up(engine, first[0])
+            answers = _serve(engine, first, "target", run.records, settings)
+            second = [Request(p, 2, _render(tokenizer, p, [tokenizer.decode(
+                a, skip_special_tokens=True)])) for p, a in zip(prompts, answers, strict=True)
+                if settings.turns == 2 and len(p.turns) > 1]
+            _serve(engine, second, "target", run.records, settings)
     for info in infos:
         with _engine(settings, info) as engine:
             _warm_up(engine, first[0])

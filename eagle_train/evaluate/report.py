@@ -18,7 +18,7 @@ def summarize(run: EvalRun) -> dict[str, Any]:
     by_model: dict[str, list[dict]] = defaultdict(list)
     for r in run.records:
         by_model[r["model"]].append(r)
-    baseline_tps = _tokens_per_s(by_model["target"])
+    baseline_tps = _tokens_per_s(by_model["target"]) if by_model["target"] else 0.0
     drafters = {}
     for info in run.drafters:
         rows = by_model[str(info.path)]

@@ -1,0 +1,56 @@
+"""Acceptance length measured in vLLM while training: every N steps the current draft is
+exported (the same validated path as export-draft), served next to the target on a small
+prompt set, and its acceptance length logged beside the training metrics; the checkpoint
+with the best acceptance so far is kept under ``best/``."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+from torch import nn
+
+from eagle_train.evaluate.harness import EvalSettings, run_eval
+from eagle_train.evaluate.report import summarize
+from eagle_train.export import export_state
+from eagle_train.run_config import RunConfig
+
+log = logging.getLogger(__name__)
+
+
+class AcceptanceProbe:
+    def __init__(self, cfg: RunConfig, out_dir: Path) -> None:
+        self.cfg = cfg
+        self.every = cfg.train.acceptance_every
+        self.drafter_dir = out_dir / "acceptance" / "drafter"
+        self.best = float("-inf")
+
+    def due(self, step: int, last: bool) -> bool:
+        return self.every is not None and (step % self.every == 0 or last)
+
+    def measure(self, step: int, draft: nn.Module) -> dict[str, float]:
+        """Export the current draft and return its vLLM acceptance metrics."""
+        state = {k: v.detach().cpu() for k, v in draft.state_dict().items()}
+        export_state(state, self.cfg, self.drafter_dir, {"step": step}, overwrite=True)
+        t = self.cfg.train
+        settings = EvalSettings(
+            target=self.cfg.target.path, drafters=[self.drafter_dir],
+            prompts=t.acceptance_prompts, turns=1, limit=t.acceptance_num_prompts,
+            max_new_tokens=t.acceptance_max_new_tokens, dtype=self.cfg.target.dtype,
+            max_model_len=t.acceptance_max_model_len, baseline=False,
+            kv_cache_memory_bytes=t.acceptance_kv_cache_bytes,
+        )
+        overall: dict[str, Any] = summarize(run_eval(settings))["drafters"][
+            str(self.drafter_dir)]["overall"]
+        metrics = {"acceptance_length": overall["acceptance_length"]}
+        for i, rate in enumerate(overall["per_position_rate"]):
+            metrics[f"accept_rate_{i}"] = rate
+        log.info("step %d: vLLM acceptance length %.3f", step, metrics["acceptance_length"])
+        return metrics
+
+    def improved(self, metrics: dict[str, float]) -> bool:
+        if metrics["acceptance_length"] > self.best:
+            self.best = metrics["acceptance_length"]
+            return True
+        return False
