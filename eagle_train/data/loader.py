@@ -62,18 +62,24 @@ class BatchLoader:
         self.rank, self.world_size, self.shuffle = rank, world_size, shuffle
         self.batches_per_epoch = per_rank // batch_size
         self.state = LoaderState()
+        self._epoch_order: tuple[int, list[int]] | None = None  # (epoch, this rank's order)
 
     def _order(self, epoch: int) -> list[int]:
-        n = len(self.data)
-        if not self.shuffle:
-            return list(range(n))
-        gen = torch.Generator().manual_seed(self.seed + epoch)
-        return torch.randperm(n, generator=gen).tolist()
+        """This rank's rows of ``epoch``, computed once per epoch."""
+        if self._epoch_order is None or self._epoch_order[0] != epoch:
+            n = len(self.data)
+            if self.shuffle:
+                gen = torch.Generator().manual_seed(self.seed + epoch)
+                order = torch.randperm(n, generator=gen).tolist()
+            else:
+                order = list(range(n))
+            self._epoch_order = (epoch, order[self.rank :: self.world_size])
+        return self._epoch_order[1]
 
     def next(self) -> Batch:
         if self.state.offset >= self.batches_per_epoch:
             self.state = LoaderState(epoch=self.state.epoch + 1, offset=0)
-        order = self._order(self.state.epoch)[self.rank :: self.world_size]
+        order = self._order(self.state.epoch)
         start = self.state.offset * self.batch_size
         self.state.offset += 1
         return self.collate([order[i] for i in range(start, start + self.batch_size)])

@@ -51,17 +51,21 @@ def eagle3_loss(
     weights = step_weights(len(draft_logits), decay)
     total = draft_logits[0].new_zeros((), dtype=torch.float32)
     step_losses, correct, valid = [], [], []
+    # Restrict to the draft vocab and take the target's argmax once; each step then shifts
+    # these (B,T,Vd) and (B,T) tensors instead of copying the (B,T,V) logits K times.
+    target_draft = target_logits[..., draft_to_target]
+    target_argmax = target_logits.argmax(-1)
     for k, logits in enumerate(draft_logits):
-        tgt = shift_left(target_logits, 1 + k)  # (B,T,V): the target at t+1+k
         mask = valid_slots(loss_mask, lengths, k)
-        p = torch.softmax(tgt[..., draft_to_target].float(), dim=-1)
+        # the target at t+1+k
+        p = torch.softmax(shift_left(target_draft, 1 + k).float(), dim=-1)
         logq = torch.log_softmax(logits.float(), dim=-1)
         per_slot = -(p * logq).sum(-1)
         denom = mask.sum().clamp(min=1)
         step_loss = (per_slot * mask).sum() / denom
         total = total + weights[k] * step_loss
         step_losses.append(step_loss.item())
-        correct.append(draft_to_target[logits.argmax(-1)] == tgt.argmax(-1))
+        correct.append(draft_to_target[logits.argmax(-1)] == shift_left(target_argmax, 1 + k))
         valid.append(mask)
     return StepStats(loss=total, step_losses=step_losses, correct=correct, valid=valid)
 
