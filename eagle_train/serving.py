@@ -9,10 +9,17 @@ from __future__ import annotations
 
 import gc
 import os
+import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from eagle_train.evaluate.counters import SpecCounters, read_counters
+
+
+class Measured(NamedTuple):
+    tokens: list[int]
+    counters: SpecCounters
+    seconds: float
 
 
 def vllm_available() -> bool:
@@ -34,6 +41,7 @@ class VllmEngine:
         kv_cache_memory_bytes: int | None = 64 * 2**20,
         seed: int = 0,
         speculative_config: dict[str, Any] | None = None,
+        tokenizer: str | Path | None = None,
     ) -> None:
         if dtype == "auto":
             raise ValueError("pass an explicit dtype: vLLM's 'auto' downcasts fp32 checkpoints")
@@ -51,15 +59,20 @@ class VllmEngine:
             self.kwargs["kv_cache_memory_bytes"] = kv_cache_memory_bytes
         if speculative_config is not None:
             self.kwargs["speculative_config"] = speculative_config
+        if tokenizer is not None:
+            self.kwargs["tokenizer"] = str(tokenizer)
         self.llm: Any = None
 
-    def __enter__(self) -> VllmEngine:
+    def open(self) -> VllmEngine:
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         from vllm import LLM
 
         self.llm = LLM(**self.kwargs)
         return self
+
+    def __enter__(self) -> VllmEngine:
+        return self.open()
 
     def __exit__(self, *exc: object) -> None:
         self.close()
@@ -90,16 +103,19 @@ class VllmEngine:
     def counters(self) -> SpecCounters:
         return read_counters(self.llm)
 
+    def generate_measured(self, prompt: list[int], sampling: dict[str, Any]) -> Measured:
+        """One request alone: its tokens, spec-decode counter deltas and wall time."""
+        before = self.counters()
+        start = time.perf_counter()
+        tokens = self.generate([prompt], sampling)[0]
+        seconds = time.perf_counter() - start
+        return Measured(tokens, self.counters() - before, seconds)
+
     def generate_one_by_one(
         self, prompts: list[list[int]], sampling: dict[str, Any]
-    ) -> list[tuple[list[int], SpecCounters]]:
-        """One request at a time, with the spec-decode counter deltas of each."""
-        results = []
-        for prompt in prompts:
-            before = self.counters()
-            tokens = self.generate([prompt], sampling)[0]
-            results.append((tokens, self.counters() - before))
-        return results
+    ) -> list[Measured]:
+        """One request at a time (concurrency 1), each measured."""
+        return [self.generate_measured(p, sampling) for p in prompts]
 
     def generate_greedy(
         self, prompts: list[list[int]], max_new_tokens: int, ignore_eos: bool = False

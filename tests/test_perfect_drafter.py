@@ -76,14 +76,14 @@ def test_perfect_drafter_accepts_everything_per_request(world: dict, baseline: l
                                                         ) -> None:
     k = 3  # one request at a time: the per-request counter deltas the harness reads
     results = serve(world["target"], world["perfect"][k], one_by_one=True)
-    assert [tokens for tokens, _ in results] == baseline
-    for _, counters in results:
+    assert [r.tokens for r in results] == baseline
+    for counters in (r.counters for r in results):
         assert counters.drafts > 0
         assert counters.draft_tokens == k * counters.drafts
         assert counters.accepted == k * counters.drafts, counters
         assert counters.accepted_per_pos == [counters.drafts] * k
         assert counters.acceptance_length == k + 1
-    print(f"perfect K={k}: AL " + ", ".join(f"{c.acceptance_length:.3f}" for _, c in results))
+    print(f"perfect K={k}: AL " + ", ".join(f"{c.acceptance_length:.3f}" for c in (r.counters for r in results)))
 
 
 def test_perfect_drafter_accepts_everything_batched(world: dict, baseline: list[list[int]]

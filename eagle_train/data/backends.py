@@ -15,6 +15,8 @@ from typing import Literal, Protocol
 
 import torch
 
+from eagle_train.serving import VllmEngine
+
 logger = logging.getLogger(__name__)
 
 BackendName = Literal["auto", "vllm", "transformers"]
@@ -148,22 +150,13 @@ class VllmBackend:
     name = "vllm"
 
     def __init__(self, model: Path, tokenizer: Path, settings: GenerationSettings) -> None:
-        _set_vllm_env()
-        from vllm import LLM
-
         self.settings = settings
-        extra = {}
-        if settings.kv_cache_memory_bytes is not None:
-            extra["kv_cache_memory_bytes"] = settings.kv_cache_memory_bytes
-        self.llm = LLM(
-            model=str(model),
-            tokenizer=str(tokenizer),
-            dtype=settings.dtype,  # explicit: "auto" turns fp32 checkpoints into bf16
-            enforce_eager=True,
-            max_model_len=settings.max_model_len,
-            seed=settings.seed,
-            **extra,
-        )
+        # The project's engine setup (eager, explicit dtype, in-process engine core).
+        self.engine = VllmEngine(
+            model, dtype=settings.dtype, max_model_len=settings.max_model_len,
+            kv_cache_memory_bytes=settings.kv_cache_memory_bytes, seed=settings.seed,
+            tokenizer=tokenizer,
+        ).open()
 
     def generate(
         self, prompts: list[list[int]], max_new_tokens: list[int], seeds: list[int]
@@ -182,18 +175,11 @@ class VllmBackend:
             for n, seed in zip(max_new_tokens, seeds, strict=True)
         ]
         inputs = [TokensPrompt(prompt_token_ids=p) for p in prompts]
-        outputs = self.llm.generate(inputs, params, use_tqdm=False)
+        outputs = self.engine.llm.generate(inputs, params, use_tqdm=False)
         return [
             cut_at_stop(list(o.outputs[0].token_ids), s.stop_token_ids, n)
             for o, n in zip(outputs, max_new_tokens, strict=True)
         ]
 
     def close(self) -> None:
-        engine_core = getattr(self.llm.llm_engine, "engine_core", None)
-        if engine_core is not None and hasattr(engine_core, "shutdown"):
-            engine_core.shutdown()
-        del self.llm
-        gc.collect()
-        from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
-
-        cleanup_dist_env_and_memory()
+        self.engine.close()

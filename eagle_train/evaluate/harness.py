@@ -9,7 +9,6 @@ Every drafter is read and checked against vLLM's contract before any engine star
 from __future__ import annotations
 
 import logging
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -116,11 +115,7 @@ def _serve(
                     ignore_eos=settings.ignore_eos)
     outputs = []
     for req in tqdm(requests, desc=f"{Path(name).name}", leave=False):
-        before = engine.counters()
-        start = time.perf_counter()
-        tokens = engine.generate([req.token_ids], sampling)[0]
-        seconds = time.perf_counter() - start
-        delta = engine.counters() - before
+        tokens, delta, seconds = engine.generate_measured(req.token_ids, sampling)
         outputs.append(tokens)
         records.append({
             "model": name, "id": req.prompt.id, "category": req.prompt.category,
