@@ -1,16 +1,24 @@
-"""Checkpoints: one directory per step, written to a temporary name and renamed.
+"""Checkpoints: everything needed to continue a run bit-exactly, written atomically.
 
-``step-0000100/`` holds ``draft.safetensors`` (parameters and buffers such as d2t/t2d),
-``optimizer.pt`` (fp32 masters and moments), ``scheduler.pt``, ``trainer_state.json``
-(step, data position) and ``config.yaml`` (the resolved run config). A directory without
-``trainer_state.json`` (written last) is incomplete.
+``step-0000100/`` holds
+- ``draft.safetensors``: parameters and buffers (d2t/t2d) in the draft's dtype;
+- ``optimizer.pt``: fp32 masters and moments; ``scheduler.pt``;
+- ``rng_states.pt``: every rank's torch (and CUDA) and Python RNG states, in rank order;
+- ``vocab.safetensors``: the draft vocabulary mapping, when the run has one;
+- ``config.yaml``: the resolved run config;
+- ``trainer_state.json``, written last: step, data position, world size, skip count, and
+  the size and sha256 of every other file. A directory without it is incomplete; a file
+  whose size or hash differs is truncated or corrupt. Both are skipped on resume.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import logging
+import random
 import shutil
-from dataclasses import asdict
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -20,57 +28,184 @@ from torch import nn
 
 from eagle_train.config import dump_config, load_config
 from eagle_train.data.loader import LoaderState
+from eagle_train.data.vocab import VocabMapping, load_vocab_mapping, save_vocab_mapping
 from eagle_train.fsutil import atomic_directory
 from eagle_train.run_config import RunConfig
 
+log = logging.getLogger(__name__)
 STATE_FILE = "trainer_state.json"
+DRAFT_FILE = "draft.safetensors"
+VOCAB_FILE = "vocab.safetensors"
+RNG_FILE = "rng_states.pt"
+
+
+class CheckpointError(RuntimeError):
+    pass
+
+
+@dataclass
+class TrainerState:
+    step: int
+    loader: LoaderState
+    world_size: int = 1
+    skipped_steps: int = 0
+    best_acceptance: float | None = None
+    files: dict[str, dict[str, Any]] = field(default_factory=dict)  # name -> bytes, sha256
+
+    @classmethod
+    def from_json(cls, text: str) -> TrainerState:
+        raw = json.loads(text)
+        return cls(**{**raw, "loader": LoaderState(**raw["loader"])})
+
+
+@dataclass
+class Resumed:
+    """A checkpoint read back for continuing: all tensors on CPU."""
+
+    path: Path
+    state: TrainerState
+    config: RunConfig
+    draft: dict[str, torch.Tensor]
+    optimizer: dict[str, Any]
+    scheduler: dict[str, Any]
+    rng_states: list[dict[str, Any]]
+    vocab: VocabMapping | None
 
 
 def checkpoint_name(step: int) -> str:
     return f"step-{step:07d}"
 
 
+def capture_rng_state() -> dict[str, Any]:
+    state: dict[str, Any] = {"torch": torch.get_rng_state(), "python": random.getstate()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state()
+    return state
+
+
+def restore_rng_state(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    random.setstate(state["python"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["cuda"])
+
+
 def save_checkpoint(
     root: Path,
-    step: int,
     draft: nn.Module,
     optimizer: torch.optim.Optimizer,
     scheduler: Any,
     cfg: RunConfig,
-    loader: LoaderState,
+    state: TrainerState,
+    rng_states: list[dict[str, Any]],
+    vocab: VocabMapping | None,
     keep_last: int,
 ) -> Path:
-    final = root / checkpoint_name(step)
+    final = root / checkpoint_name(state.step)
     with atomic_directory(final) as tmp:
-        state = {k: v.detach().contiguous() for k, v in draft.state_dict().items()}
-        save_file(state, str(tmp / "draft.safetensors"))
+        tensors = {k: v.detach().contiguous() for k, v in draft.state_dict().items()}
+        save_file(tensors, str(tmp / DRAFT_FILE))
         torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
         torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
+        torch.save(rng_states, tmp / RNG_FILE)
+        if vocab is not None:
+            save_vocab_mapping(vocab, tmp / VOCAB_FILE)
         dump_config(cfg, tmp / "config.yaml")
-        trainer = {"step": step, "loader": asdict(loader)}
-        (tmp / STATE_FILE).write_text(json.dumps(trainer, indent=2))
+        state.files = {p.name: _fingerprint(p) for p in sorted(tmp.iterdir())}
+        (tmp / STATE_FILE).write_text(json.dumps(asdict(state), indent=2))
     for old in list_checkpoints(root)[:-keep_last]:
         shutil.rmtree(old)
     return final
 
 
 def list_checkpoints(root: Path) -> list[Path]:
-    """Complete checkpoints under ``root``, oldest first."""
-    if not root.is_dir():
-        return []
-    found = [p for p in root.glob("step-*") if (p / STATE_FILE).is_file()]
-    return sorted(found, key=lambda p: int(p.name.split("-")[1]))
+    """Checkpoint directories under ``root`` that finished writing, oldest first."""
+    return [p for p in _step_dirs(root) if (p / STATE_FILE).is_file()]
+
+
+def checkpoint_problems(path: Path) -> list[str]:
+    """Why ``path`` cannot be resumed from (empty when it is complete and intact)."""
+    if not (path / STATE_FILE).is_file():
+        return [f"{path}: incomplete (no {STATE_FILE}; the writer was interrupted)"]
+    try:
+        state = TrainerState.from_json((path / STATE_FILE).read_text())
+    except (ValueError, TypeError, KeyError) as exc:
+        return [f"{path / STATE_FILE}: unreadable ({exc})"]
+    problems = []
+    for name, expected in state.files.items():
+        file = path / name
+        if not file.is_file():
+            problems.append(f"{file}: missing")
+            continue
+        size = file.stat().st_size
+        if size != expected["bytes"]:
+            problems.append(f"{file}: {size} bytes, expected {expected['bytes']} (truncated?)")
+        elif _sha256(file) != expected["sha256"]:
+            problems.append(f"{file}: sha256 differs from the one recorded (corrupt)")
+    return problems
+
+
+def find_resumable(root: Path) -> Path | None:
+    """The newest intact checkpoint under ``root``; damaged ones are skipped with a warning.
+    None when there are no checkpoints at all; an error when all of them are damaged."""
+    candidates = _step_dirs(root)
+    problems: list[str] = []
+    for path in reversed(candidates):
+        found = checkpoint_problems(path)
+        if not found:
+            return path
+        log.warning("skipping checkpoint %s: %s", path.name, "; ".join(found))
+        problems += found
+    if candidates:
+        raise CheckpointError(
+            f"no usable checkpoint under {root}:\n  " + "\n  ".join(problems)
+        )
+    return None
+
+
+def load_for_resume(path: Path) -> Resumed:
+    problems = checkpoint_problems(path)
+    if problems:
+        raise CheckpointError(f"cannot resume from {path}:\n  " + "\n  ".join(problems))
+    vocab_file = path / VOCAB_FILE
+    return Resumed(
+        path=path,
+        state=TrainerState.from_json((path / STATE_FILE).read_text()),
+        config=load_config(RunConfig, path / "config.yaml"),
+        draft=load_file(str(path / DRAFT_FILE)),
+        optimizer=torch.load(path / "optimizer.pt", map_location="cpu"),
+        scheduler=torch.load(path / "scheduler.pt", map_location="cpu"),
+        rng_states=torch.load(path / RNG_FILE, map_location="cpu"),
+        vocab=load_vocab_mapping(vocab_file) if vocab_file.is_file() else None,
+    )
 
 
 def load_draft_checkpoint(path: str | Path) -> tuple[RunConfig, dict[str, torch.Tensor], int]:
     """(run config, draft state dict, step) of a checkpoint directory, for export."""
     path = Path(path)
-    missing = [f for f in ("draft.safetensors", "config.yaml", STATE_FILE)
-               if not (path / f).is_file()]
-    if missing:
-        raise FileNotFoundError(f"{path}: not a complete checkpoint (missing {', '.join(missing)})")
+    problems = checkpoint_problems(path)
+    if problems:
+        raise FileNotFoundError(f"{path}: not a usable checkpoint: " + "; ".join(problems))
     cfg = load_config(RunConfig, path / "config.yaml")
-    state = load_file(str(path / "draft.safetensors"))
-    step = json.loads((path / STATE_FILE).read_text())["step"]
+    state = load_file(str(path / DRAFT_FILE))
+    step = TrainerState.from_json((path / STATE_FILE).read_text()).step
     return cfg, state, step
 
+
+def _step_dirs(root: Path) -> list[Path]:
+    if not Path(root).is_dir():
+        return []
+    found = [p for p in Path(root).glob("step-*") if p.is_dir() and p.name[5:].isdigit()]
+    return sorted(found, key=lambda p: int(p.name[5:]))
+
+
+def _fingerprint(path: Path) -> dict[str, Any]:
+    return {"bytes": path.stat().st_size, "sha256": _sha256(path)}
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 22), b""):
+            digest.update(chunk)
+    return digest.hexdigest()

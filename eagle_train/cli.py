@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from pathlib import Path
 from typing import Annotated
 
@@ -19,8 +20,10 @@ SetOpt = Annotated[
 
 
 def _setup_logging(verbose: bool) -> None:
+    # Under torchrun only rank 0 logs progress; other ranks report warnings and errors.
+    quiet = os.environ.get("RANK", "0") != "0"
     logging.basicConfig(
-        level=logging.DEBUG if verbose else logging.INFO,
+        level=logging.WARNING if quiet else logging.DEBUG if verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         datefmt="%H:%M:%S",
     )
@@ -88,21 +91,30 @@ train_draft_app = typer.Typer(add_completion=False, help="Train a draft model.")
 def train_draft(
     config: Annotated[Path, typer.Option("--config", "-c", help="Run config (YAML).")],
     overrides: SetOpt = None,
+    resume: Annotated[str | None, typer.Option(
+        help="'auto': continue from the newest intact checkpoint in the output dir (fresh "
+             "if none); or a checkpoint directory.")] = None,
     verbose: bool = False,
 ) -> None:
-    """Train a draft on a frozen target: target + data + draft + optim + train sections."""
+    """Train a draft on a frozen target: target + data + draft + optim + train sections.
+    Several processes: torchrun --nproc-per-node N $(which train-draft) -c ... (see
+    scripts/launch.sh for several nodes)."""
+    from eagle_train.checkpoint import CheckpointError
     from eagle_train.data.errors import DataError
     from eagle_train.run_config import RunConfig
-    from eagle_train.train import train
+    from eagle_train.train import NonFiniteLossError, train
 
     _setup_logging(verbose)
+    if resume is not None:
+        overrides = [*(overrides or []), f"train.resume={resume}"]
     try:
         cfg = load_config(RunConfig, config, overrides)
         result = train(cfg)
-    except (ConfigError, DataError) as exc:
+    except (ConfigError, DataError, CheckpointError, NonFiniteLossError) as exc:
         raise _fail(exc) from None
-    typer.echo(json.dumps(result.final_metrics, indent=2))
-    typer.echo(f"last checkpoint: {result.last_checkpoint}")
+    if os.environ.get("RANK", "0") == "0":
+        typer.echo(json.dumps(result.final_metrics, indent=2))
+        typer.echo(f"last checkpoint: {result.last_checkpoint}")
 
 
 export_draft_app = typer.Typer(add_completion=False, help="Export a draft for vLLM.")
@@ -171,3 +183,26 @@ def eval_acceptance(
     summary = write_report(run, out)
     typer.echo(to_markdown(summary))
     typer.echo(f"per-prompt records, summary.json/.md and acceptance.png in {out}")
+
+
+APPS = {
+    "build-demo-world": build_demo_app,
+    "prepare-data": prepare_data_app,
+    "train-draft": train_draft_app,
+    "export-draft": export_draft_app,
+    "eval-acceptance": eval_acceptance_app,
+}
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m eagle_train.cli <command> ...`` (what torchrun's ``-m`` launches)."""
+    import sys
+
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv or argv[0] not in APPS:
+        raise SystemExit(f"usage: python -m eagle_train.cli {{{','.join(APPS)}}} ...")
+    APPS[argv[0]](argv[1:], prog_name=argv[0])
+
+
+if __name__ == "__main__":
+    main()

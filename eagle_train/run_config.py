@@ -27,6 +27,9 @@ class DataSection(StrictModel):
     micro_batch_size: int = Field(default=4, ge=1)
     max_length: int | None = Field(default=None, ge=8)  # crop sequences (None: as prepared)
     seed: int = 0
+    # Build the draft vocabulary in the trainer: each rank counts its shard, counts are
+    # summed over ranks. None: use the mapping prepare-data wrote (if any).
+    draft_vocab_size: int | None = Field(default=None, ge=1)
 
 
 class TrainSection(StrictModel):
@@ -41,6 +44,12 @@ class TrainSection(StrictModel):
     keep_last: int = Field(default=3, ge=1)
     seed: int = 0
     device: str = "auto"  # auto: cuda when available, else cpu
+    # "auto": continue from the newest intact checkpoint under output_dir (fresh start if
+    # there is none); a path: that checkpoint; None: fresh, refusing a dir with checkpoints.
+    resume: str | None = None
+    nonfinite: Literal["stop", "skip"] = "stop"  # on a non-finite loss or gradient norm
+    max_skipped_steps: int = Field(default=50, ge=0)  # "skip": stop after this many skips
+    dist_timeout_s: float = Field(default=600.0, gt=0)  # collectives, when no agent stops us
     tensorboard: bool = True
     progress: bool = True
     # Every N steps (and at the end) serve the current draft in vLLM (needs the vllm extra)

@@ -1,27 +1,39 @@
-"""THE training loop, for every draft algorithm.
+"""THE training loop, for every draft algorithm, on one process or many (torchrun + DDP).
 
-Algorithm differences enter only through the draft spec (layer ids, build, loss); the loop
-owns data, the frozen target forward, the optimizer (only via ``create_optimizer``, checked
-by the precision guard after every step), clipping, accumulation, validation, logging and
-checkpoints.
+Algorithm differences enter only through the draft spec (layer ids, build, loss parts); the
+loop owns data, the frozen target forward, the optimizer (only via ``create_optimizer``,
+checked by the precision guard), clipping, accumulation, validation, logging, checkpoints
+and exact resume. Rank 0 alone writes logs and checkpoints; metrics are reduced over ranks.
 """
 
 from __future__ import annotations
 
 import logging
 import math
+import shutil
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
 from torch import nn
 from tqdm import tqdm
 
-from eagle_train.checkpoint import save_checkpoint
+from eagle_train.checkpoint import (
+    CheckpointError,
+    Resumed,
+    TrainerState,
+    capture_rng_state,
+    checkpoint_name,
+    find_resumable,
+    load_for_resume,
+    restore_rng_state,
+    save_checkpoint,
+)
 from eagle_train.config import dump_config
 from eagle_train.data.loader import BatchLoader, PreparedData
-from eagle_train.drafts.base import Batch, DraftSpec
+from eagle_train.data.vocab import TokenCounter, VocabMapping, build_vocab_mapping
+from eagle_train.drafts.base import Batch, DraftSpec, loss_parts
 from eagle_train.drafts.registry import get_draft
 from eagle_train.evaluate.during_training import AcceptanceProbe
 from eagle_train.metrics import MetricLog, WeightedMean, format_metrics
@@ -31,7 +43,18 @@ from eagle_train.optim import (
     create_optimizer,
     resolve_storage_dtype,
 )
-from eagle_train.run_config import DTYPES, RunConfig, resolve_device
+from eagle_train.parallel import (
+    DistEnv,
+    all_reduce_sum,
+    any_rank,
+    barrier,
+    gather_objects,
+    gradient_sync,
+    init_distributed,
+    shutdown,
+    wrap_model,
+)
+from eagle_train.run_config import DTYPES, RunConfig
 from eagle_train.target import FrozenTarget
 
 log = logging.getLogger(__name__)
@@ -47,110 +70,272 @@ class TrainResult:
     output_dir: Path
     last_checkpoint: Path
     final_metrics: dict[str, float]
+    skipped_steps: int = 0
 
 
 @dataclass
 class Components:
     target: FrozenTarget
     spec: DraftSpec
-    draft: nn.Module
+    draft: nn.Module  # the bare module (checkpoints, validation); the loop trains its DDP wrap
     layer_ids: list[int]
+    vocab: VocabMapping | None
 
 
-def build_components(cfg: RunConfig, data: PreparedData, device: torch.device) -> Components:
-    target = FrozenTarget.from_pretrained(cfg.target.path, DTYPES[cfg.target.dtype], str(device))
+def build_components(
+    cfg: RunConfig, data: PreparedData, env: DistEnv, vocab: VocabMapping | None = None
+) -> Components:
+    target = FrozenTarget.from_pretrained(cfg.target.path, DTYPES[cfg.target.dtype],
+                                          str(env.device))
     spec = get_draft(cfg.draft.algorithm)
     layer_ids = spec.target_layer_ids(cfg.draft, target.config)
-    draft = spec.build(cfg.draft, target, data.vocab)
-    draft = draft.to(device=device, dtype=resolve_storage_dtype(target.dtype, cfg.optim))
-    return Components(target=target, spec=spec, draft=draft, layer_ids=layer_ids)
+    vocab = vocab or _draft_vocab(cfg, data, target.config.vocab_size, env)
+    draft = spec.build(cfg.draft, target, vocab)
+    draft = draft.to(device=env.device, dtype=resolve_storage_dtype(target.dtype, cfg.optim))
+    return Components(target=target, spec=spec, draft=draft, layer_ids=layer_ids, vocab=vocab)
 
 
-def forward_loss(c: Components, batch: Batch, cfg: RunConfig, device: torch.device):
-    batch = Batch(*(t.to(device) for t in (batch.input_ids, batch.loss_mask,
-                                           batch.attention_mask, batch.lengths)))
+def forward_loss(c: Components, model: nn.Module, batch: Batch, cfg: RunConfig):
+    batch = _to_device(batch, c.target.model.device)
     features = c.target.features(batch.input_ids, batch.attention_mask, c.layer_ids)
-    return c.spec.compute_loss(c.draft, features, batch, cfg.draft)
-
-
-@torch.no_grad()
-def validate(c: Components, batches: list[Batch], cfg: RunConfig, device: torch.device):
-    c.draft.eval()
-    mean = WeightedMean()
-    for batch in batches:
-        result = forward_loss(c, batch, cfg, device)
-        mean.add(result.metrics, result.weight)
-    c.draft.train()
-    return mean.result()
+    return c.spec.compute_loss(model, features, batch, cfg.draft)
 
 
 def train(cfg: RunConfig) -> TrainResult:
-    torch.manual_seed(cfg.train.seed)
-    device = resolve_device(cfg.train.device)
+    env = init_distributed(cfg.train.device, cfg.train.dist_timeout_s)
     out = Path(cfg.train.output_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    dump_config(cfg, out / "config.yaml")
+    resumed = _resume_point(cfg, out, env)
+    if env.is_main:
+        out.mkdir(parents=True, exist_ok=True)
+        dump_config(cfg, out / "config.yaml")
 
+    torch.manual_seed(cfg.train.seed)  # the same initial draft on every rank
     data = PreparedData(cfg.data.train)
-    c = build_components(cfg, data, device)
+    c = build_components(cfg, data, env, resumed.vocab if resumed else None)
     pad_id = c.target.config.pad_token_id or 0
     loader = BatchLoader(data, cfg.data.micro_batch_size, cfg.data.seed, pad_id,
-                         cfg.data.max_length)
-    val_batches = _validation_batches(cfg, pad_id)
+                         cfg.data.max_length, rank=env.rank, world_size=env.world_size)
     optimizer = create_optimizer(c.draft, cfg.optim)
     scheduler = build_lr_scheduler(optimizer, cfg.optim, cfg.train.max_steps)
+    state = TrainerState(step=0, loader=loader.state, world_size=env.world_size)
+    if resumed is not None:
+        state = _restore(resumed, c.draft, optimizer, scheduler, loader, env)
+    else:
+        torch.manual_seed(cfg.train.seed + env.rank)  # per-rank sampling streams
+    model = wrap_model(c.draft, env)
     guard = PrecisionGuard(enabled=cfg.optim.fp32_master_weights)
-    metric_log = MetricLog(out, cfg.train.tensorboard)
+    metric_log = MetricLog(out, cfg.train.tensorboard, after_step=state.step) \
+        if env.is_main else None
+    val_batches = _validation_batches(cfg, pad_id)
+    probe = AcceptanceProbe(cfg, out)
+    probe.best = state.best_acceptance if state.best_acceptance is not None else probe.best
     params = [p for p in c.draft.parameters() if p.requires_grad]
-    log.info("draft %s: %.2fM trainable parameters, target layers %s, %d train rows",
-             cfg.draft.algorithm, sum(p.numel() for p in params) / 1e6, c.layer_ids, len(data))
+    log.info("draft %s: %.2fM trainable parameters, target layers %s, %d train rows, "
+             "%d rank(s), starting at step %d", cfg.draft.algorithm,
+             sum(p.numel() for p in params) / 1e6, c.layer_ids, len(data), env.world_size,
+             state.step)
 
     c.draft.train()
-    bar = tqdm(range(1, cfg.train.max_steps + 1), disable=not cfg.train.progress, desc="train",
-               mininterval=1.0)
+    bar = tqdm(range(state.step + 1, cfg.train.max_steps + 1), desc="train", mininterval=1.0,
+               initial=state.step, total=cfg.train.max_steps,
+               disable=not (cfg.train.progress and env.is_main))
     window, tokens, t0 = WeightedMean(), 0, time.perf_counter()
-    checkpoint, val_metrics = None, {}
-    probe = AcceptanceProbe(cfg, out)
+    val_metrics: dict[str, float] = {}
     for step in bar:
-        for _ in range(cfg.train.grad_accum):
-            batch = loader.next()
-            result = forward_loss(c, batch, cfg, device)
-            if not math.isfinite(result.loss.item()):
-                raise NonFiniteLossError(f"non-finite loss {result.loss.item()} at step {step}")
-            (result.loss / cfg.train.grad_accum).backward()
-            window.add(result.metrics, result.weight)
-            tokens += batch.num_tokens
-        grad_norm = _clip(params, cfg.train.grad_clip)
-        optimizer.step()
-        guard.after_step(optimizer, step)
+        step_metrics, step_tokens, finite = _accumulate(model, c, loader, cfg)
+        # Agreed by all ranks, so that all of them stop or skip together.
+        finite = not any_rank(not finite, env)
+        grad_norm = _clip(params, cfg.train.grad_clip) if finite else math.nan
+        if finite and math.isfinite(grad_norm):
+            optimizer.step()
+            guard.after_step(optimizer, step)
+            window.merge(step_metrics)
+            tokens += step_tokens
+        else:
+            state.skipped_steps += 1
+            _on_nonfinite(cfg, step, state.skipped_steps, step_metrics.result())
         scheduler.step()
         optimizer.zero_grad(set_to_none=True)
+        state.step, state.loader = step, loader.state
 
         last = step == cfg.train.max_steps
         if step % cfg.train.log_every == 0 or last:
+            metrics = _reduce(window, env)
             elapsed = time.perf_counter() - t0
-            metrics = {**window.result(), "lr": scheduler.get_last_lr()[0],
-                       "grad_norm": grad_norm, "tokens_per_s": tokens / max(elapsed, 1e-9)}
-            metric_log.write("train", step, metrics)
+            total_tokens = int(all_reduce_sum(torch.tensor([tokens]), env).item())
+            metrics.update(lr=scheduler.get_last_lr()[0], grad_norm=grad_norm,
+                           tokens_per_s=total_tokens / max(elapsed, 1e-9),
+                           skipped_steps=state.skipped_steps)
+            if metric_log is not None:
+                metric_log.write("train", step, metrics)
             bar.set_postfix_str(format_metrics(metrics, CONSOLE_KEYS))
             window, tokens, t0 = WeightedMean(), 0, time.perf_counter()
         if val_batches and (step % cfg.train.val_every == 0 or last):
-            val_metrics = validate(c, val_batches, cfg, device)
-            metric_log.write("val", step, val_metrics)
+            val_metrics = validate(c, val_batches, cfg, env)
+            if metric_log is not None:
+                metric_log.write("val", step, val_metrics)
             log.info("step %d val: %s", step, format_metrics(val_metrics, CONSOLE_KEYS))
-        if step % cfg.train.save_every == 0 or last:
-            checkpoint = save_checkpoint(out / "checkpoints", step, c.draft, optimizer, scheduler,
-                                         cfg, loader.state, cfg.train.keep_last)
         if probe.due(step, last):
-            accept = probe.measure(step, c.draft)
-            metric_log.write("acceptance", step, accept)
-            if probe.improved(accept):
-                save_checkpoint(out / "best", step, c.draft, optimizer, scheduler, cfg,
-                                loader.state, keep_last=1)
-    metric_log.close()
-    assert checkpoint is not None  # the last step always saves
-    log.info("done: last checkpoint %s", checkpoint)
-    return TrainResult(output_dir=out, last_checkpoint=checkpoint, final_metrics=val_metrics)
+            _probe(probe, step, c, optimizer, scheduler, cfg, state, env, metric_log)
+        if step % cfg.train.save_every == 0 or last:
+            _save(out / "checkpoints", c, optimizer, scheduler, cfg, state, env,
+                  cfg.train.keep_last)
+    if metric_log is not None:
+        metric_log.close()
+    barrier(env)  # the last checkpoint exists before any rank returns
+    shutdown(env)
+    checkpoint = out / "checkpoints" / checkpoint_name(cfg.train.max_steps)
+    log.info("done: last checkpoint %s, %d skipped step(s)", checkpoint, state.skipped_steps)
+    return TrainResult(output_dir=out, last_checkpoint=checkpoint, final_metrics=val_metrics,
+                       skipped_steps=state.skipped_steps)
+
+
+def _accumulate(model: nn.Module, c: Components, loader: BatchLoader, cfg: RunConfig):
+    """Forward+backward of ``grad_accum`` micro-batches; DDP reduces gradients once, in the
+    backward of the last part of the last micro-batch."""
+    metrics, tokens, finite = WeightedMean(), 0, True
+    accum = cfg.train.grad_accum
+    for micro in range(accum):
+        batch = _to_device(loader.next(), c.target.model.device)
+        features = c.target.features(batch.input_ids, batch.attention_mask, c.layer_ids)
+        parts = loss_parts(c.spec, model, features, batch, cfg.draft)
+        for i, part in enumerate(parts):
+            with gradient_sync(model, micro == accum - 1 and i == len(parts) - 1):
+                result = part()
+                (result.loss / accum).backward()
+            finite = finite and math.isfinite(result.loss.item())
+            metrics.add(result.metrics, result.weight)
+        tokens += batch.num_tokens
+    return metrics, tokens, finite
+
+
+@torch.no_grad()
+def validate(c: Components, batches: list[Batch], cfg: RunConfig, env: DistEnv):
+    """Weighted validation metrics; ranks split the batches when there is one for each.
+    Runs on a forked RNG with a fixed seed: the same anchors/samples at every validation,
+    and the training stream is not disturbed."""
+    shard = len(batches) >= env.world_size
+    mean = WeightedMean()
+    devices = [env.device] if env.device.type == "cuda" else []
+    c.draft.eval()
+    with torch.random.fork_rng(devices=devices):
+        torch.manual_seed(cfg.train.seed)
+        for batch in batches[env.rank :: env.world_size] if shard else batches:
+            result = forward_loss(c, c.draft, batch, cfg)
+            mean.add(result.metrics, result.weight)
+    c.draft.train()
+    return _reduce(mean, env) if shard else mean.result()
+
+
+def _reduce(mean: WeightedMean, env: DistEnv) -> dict[str, float]:
+    """The weighted mean over every rank's micro-batches (ranks hold the same keys)."""
+    keys = sorted(mean.sums)
+    sums = torch.tensor([mean.sums[k] for k in keys] + [mean.weight], dtype=torch.float64)
+    sums = all_reduce_sum(sums, env)
+    weight = max(float(sums[-1]), 1.0)
+    return {k: float(sums[i]) / weight for i, k in enumerate(keys)}
+
+
+def _on_nonfinite(cfg: RunConfig, step: int, skipped: int, metrics: dict[str, float]) -> None:
+    what = f"non-finite loss or gradient norm at step {step} (loss {metrics.get('loss')})"
+    if cfg.train.nonfinite == "stop":
+        raise NonFiniteLossError(
+            f"{what}; the last good checkpoint is kept. Set train.nonfinite=skip to skip "
+            "such batches instead"
+        )
+    if skipped > cfg.train.max_skipped_steps:
+        raise NonFiniteLossError(
+            f"{what}: {skipped} steps skipped, more than train.max_skipped_steps"
+        )
+    log.warning("%s: skipped (%d so far)", what, skipped)
+
+
+def _save(root: Path, c: Components, optimizer, scheduler, cfg: RunConfig,
+          state: TrainerState, env: DistEnv, keep_last: int) -> None:
+    rng_states = gather_objects(capture_rng_state(), env)  # every rank takes part
+    if env.is_main:
+        snapshot = replace(state, loader=replace(state.loader), files={})
+        save_checkpoint(root, c.draft, optimizer, scheduler, cfg, snapshot, rng_states,
+                        c.vocab, keep_last)
+
+
+def _probe(probe: AcceptanceProbe, step: int, c: Components, optimizer, scheduler,
+           cfg: RunConfig, state: TrainerState, env: DistEnv, metric_log) -> None:
+    """Rank 0 serves the current draft in vLLM; the best one is kept under ``best/``."""
+    improved = False
+    if env.is_main:
+        accept = probe.measure(step, c.draft)
+        metric_log.write("acceptance", step, accept)
+        improved = probe.improved(accept)
+        state.best_acceptance = probe.best
+    if any_rank(improved, env):
+        _save(Path(cfg.train.output_dir) / "best", c, optimizer, scheduler, cfg, state, env, 1)
+
+
+def _resume_point(cfg: RunConfig, out: Path, env: DistEnv) -> Resumed | None:
+    """Rank 0 picks the checkpoint (or none); every rank then reads the same one."""
+    chosen: str | None = None
+    if env.is_main:
+        root = out / "checkpoints"
+        for stale in root.glob(".step-*") if root.is_dir() else []:
+            shutil.rmtree(stale, ignore_errors=True)  # left by a writer that was killed
+        if cfg.train.resume == "auto":
+            found = find_resumable(root)
+            chosen = str(found) if found else None
+            if found is None:
+                log.info("resume auto: no checkpoint under %s, starting fresh", root)
+        elif cfg.train.resume is not None:
+            chosen = cfg.train.resume
+        elif any(root.glob("step-*")) if root.is_dir() else False:
+            raise CheckpointError(
+                f"{root} already holds checkpoints: pass --resume auto (train.resume=auto) "
+                "to continue that run, or choose another train.output_dir"
+            )
+    chosen = gather_objects(chosen, env)[0]
+    if chosen is None:
+        return None
+    resumed = load_for_resume(Path(chosen))
+    if resumed.config.draft != cfg.draft:
+        raise CheckpointError(
+            f"{chosen}: the draft section differs from this run's config "
+            f"(checkpoint {resumed.config.draft!r}, now {cfg.draft!r})"
+        )
+    log.info("resuming from %s (step %d)", chosen, resumed.state.step)
+    return resumed
+
+
+def _restore(resumed: Resumed, draft: nn.Module, optimizer, scheduler, loader: BatchLoader,
+             env: DistEnv) -> TrainerState:
+    # Weights first: the optimizer's fp32 masters are then restored over them.
+    draft.load_state_dict({k: v.to(env.device) for k, v in resumed.draft.items()})
+    optimizer.load_state_dict(resumed.optimizer)
+    scheduler.load_state_dict(resumed.scheduler)
+    state = resumed.state
+    loader.state = replace(state.loader)
+    if state.world_size == env.world_size:
+        restore_rng_state(resumed.rng_states[env.rank])
+    else:
+        log.warning("resuming %d rank(s) from a %d-rank checkpoint: the data position is "
+                    "kept, but RNG streams are re-seeded, so the run is not bit-exact",
+                    env.world_size, state.world_size)
+        torch.manual_seed(resumed.config.train.seed + env.rank + state.step)
+    return replace(state, loader=loader.state, world_size=env.world_size, files={})
+
+
+def _draft_vocab(cfg: RunConfig, data: PreparedData, vocab_size: int,
+                 env: DistEnv) -> VocabMapping | None:
+    """The draft vocabulary: prepare-data's, or counted here over all ranks' shards."""
+    size = cfg.data.draft_vocab_size
+    if size is None:
+        return data.vocab
+    counter = TokenCounter(vocab_size)
+    shard = data.rows.shard(num_shards=env.world_size, index=env.rank, contiguous=False)
+    for ids, mask in zip(shard["input_ids"], shard["loss_mask"], strict=True):
+        counter.add(ids, mask)
+    counts = all_reduce_sum(counter.result(), env)
+    log.info("draft vocabulary: top %d of %d target ids over %d supervised tokens", size,
+             vocab_size, int(counts.sum()))
+    return build_vocab_mapping(counts, size)
 
 
 def _validation_batches(cfg: RunConfig, pad_id: int) -> list[Batch]:
@@ -160,6 +345,11 @@ def _validation_batches(cfg: RunConfig, pad_id: int) -> list[Batch]:
     loader = BatchLoader(val, cfg.data.micro_batch_size, cfg.data.seed, pad_id,
                          cfg.data.max_length, shuffle=False)
     return loader.epoch_batches()[: cfg.train.val_batches]
+
+
+def _to_device(batch: Batch, device: torch.device) -> Batch:
+    return Batch(*(t.to(device) for t in (batch.input_ids, batch.loss_mask,
+                                           batch.attention_mask, batch.lengths)))
 
 
 def _clip(params: list[nn.Parameter], max_norm: float | None) -> float:

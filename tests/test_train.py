@@ -79,24 +79,60 @@ def test_loop_refuses_an_optimizer_built_around_create_optimizer(
     assert not (tmp_path / "checkpoints").exists()
 
 
-def test_non_finite_loss_names_the_step(
+def poison_loss_at(monkeypatch: pytest.MonkeyPatch, calls: set[int]) -> None:
+    """Make the loss of the given micro-batch calls (1-based) NaN."""
+    import eagle_train.train as loop
+
+    real, seen = loop.loss_parts, {"n": 0}
+
+    def poisoned(*args, **kwargs):
+        seen["n"] += 1
+        parts, n = real(*args, **kwargs), seen["n"]
+
+        def nan_part(part):
+            result = part()
+            result.loss = result.loss * float("nan")
+            return result
+
+        return [lambda p=p: nan_part(p) for p in parts] if n in calls else parts
+
+    monkeypatch.setattr(loop, "loss_parts", poisoned)
+
+
+def test_non_finite_loss_names_the_step_and_keeps_the_last_checkpoint(
     tiny_world: Path, tiny_llama_data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ):
     import eagle_train.train as loop
 
-    real = loop.forward_loss
-    calls = {"n": 0}
+    poison_loss_at(monkeypatch, {8})
+    cfg = load_config(RunConfig, CONFIG, overrides(tiny_world, tiny_llama_data, tmp_path)
+                      + ["train.save_every=3", "train.keep_last=5"])
+    with pytest.raises(loop.NonFiniteLossError, match="at step 8"):
+        loop.train(cfg)
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == [
+        "step-0000003", "step-0000006"]
 
-    def poisoned(*args, **kwargs):
-        result = real(*args, **kwargs)
-        calls["n"] += 1
-        if calls["n"] == 3:
-            result.loss = result.loss * float("nan")
-        return result
 
-    monkeypatch.setattr(loop, "forward_loss", poisoned)
-    cfg = load_config(RunConfig, CONFIG, overrides(tiny_world, tiny_llama_data, tmp_path))
-    with pytest.raises(loop.NonFiniteLossError, match="at step 3"):
+def test_non_finite_batches_are_skipped_and_counted(
+    tiny_world: Path, tiny_llama_data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    import eagle_train.train as loop
+
+    poison_loss_at(monkeypatch, {3, 5})
+    cfg = load_config(RunConfig, CONFIG, overrides(tiny_world, tiny_llama_data, tmp_path, 8)
+                      + ["train.nonfinite=skip", "train.log_every=1"])
+    result = loop.train(cfg)
+    assert result.skipped_steps == 2
+    rows = read_metrics(tmp_path / "metrics.jsonl", "train")
+    assert [r["skipped_steps"] for r in rows] == [0, 0, 1, 1, 2, 2, 2, 2]
+    assert all(torch.isfinite(torch.tensor(r["loss"])) for r in rows if r["step"] not in (3, 5))
+    state = torch.load(tmp_path / "checkpoints" / "step-0000008" / "optimizer.pt")
+    assert {int(v["step"]) for v in state["state"].values()} == {6}  # 8 steps, 2 skipped
+
+    poison_loss_at(monkeypatch, {1, 2})
+    cfg = load_config(RunConfig, CONFIG, overrides(tiny_world, tiny_llama_data, tmp_path / "b", 8)
+                      + ["train.nonfinite=skip", "train.max_skipped_steps=1"])
+    with pytest.raises(loop.NonFiniteLossError, match="2 steps skipped"):
         loop.train(cfg)
 
 

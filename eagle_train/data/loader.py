@@ -1,8 +1,10 @@
 """Micro-batches from a prepared dataset: seeded shuffling, right padding, a resumable position.
 
-Each epoch is a fresh permutation drawn from ``seed + epoch``; ranks take interleaved slices
-of it, so every rank sees a disjoint shard and the whole order is a function of (seed, epoch).
-The loader's position (epoch, offset) is all a checkpoint needs to continue the same stream.
+Each epoch is a fresh permutation drawn from ``seed + epoch``, cut into global micro-batches;
+rank r takes micro-batches r, r + W, r + 2W, ... So every rank sees a disjoint shard, and W
+ranks at one micro-step see exactly the micro-batches that one process with
+``grad_accum = W`` sees in one step. The position (epoch, global micro-batches consumed)
+is all a checkpoint needs to continue the same stream.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ class PreparedData:
 @dataclass
 class LoaderState:
     epoch: int = 0
-    offset: int = 0  # micro-batches already taken in this epoch (this rank)
+    offset: int = 0  # global micro-batches already taken in this epoch (all ranks)
 
 
 class BatchLoader:
@@ -51,8 +53,8 @@ class BatchLoader:
         world_size: int = 1,
         shuffle: bool = True,
     ) -> None:
-        per_rank = len(data) // world_size
-        if per_rank < batch_size:
+        per_rank = len(data) // batch_size // world_size  # micro-batches per rank per epoch
+        if per_rank < 1:
             raise ValueError(
                 f"{data.path}: {len(data)} rows cannot fill a micro-batch of {batch_size} "
                 f"on each of {world_size} rank(s)"
@@ -60,12 +62,12 @@ class BatchLoader:
         self.data, self.batch_size, self.seed = data, batch_size, seed
         self.pad_id, self.max_length = pad_id, max_length
         self.rank, self.world_size, self.shuffle = rank, world_size, shuffle
-        self.batches_per_epoch = per_rank // batch_size
+        self.batches_per_epoch = per_rank * world_size  # global, a multiple of world_size
         self.state = LoaderState()
         self._epoch_order: tuple[int, list[int]] | None = None  # (epoch, this rank's order)
 
     def _order(self, epoch: int) -> list[int]:
-        """This rank's rows of ``epoch``, computed once per epoch."""
+        """The row order of ``epoch``, computed once per epoch."""
         if self._epoch_order is None or self._epoch_order[0] != epoch:
             n = len(self.data)
             if self.shuffle:
@@ -73,16 +75,16 @@ class BatchLoader:
                 order = torch.randperm(n, generator=gen).tolist()
             else:
                 order = list(range(n))
-            self._epoch_order = (epoch, order[self.rank :: self.world_size])
+            self._epoch_order = (epoch, order)
         return self._epoch_order[1]
 
     def next(self) -> Batch:
         if self.state.offset >= self.batches_per_epoch:
             self.state = LoaderState(epoch=self.state.epoch + 1, offset=0)
         order = self._order(self.state.epoch)
-        start = self.state.offset * self.batch_size
-        self.state.offset += 1
-        return self.collate([order[i] for i in range(start, start + self.batch_size)])
+        start = (self.state.offset + self.rank) * self.batch_size
+        self.state.offset += self.world_size
+        return self.collate(order[start : start + self.batch_size])
 
     def collate(self, indices: list[int]) -> Batch:
         rows = self.data.rows[indices]
@@ -102,9 +104,7 @@ class BatchLoader:
         )
 
     def epoch_batches(self) -> list[Batch]:
-        """All micro-batches of one pass in file order (validation)."""
-        order = list(range(len(self.data)))[self.rank :: self.world_size]
-        return [
-            self.collate(order[i : i + self.batch_size])
-            for i in range(0, len(order) - self.batch_size + 1, self.batch_size)
-        ]
+        """All micro-batches of one pass in file order, all ranks' (validation)."""
+        n = len(self.data) - len(self.data) % self.batch_size
+        return [self.collate(list(range(i, i + self.batch_size)))
+                for i in range(0, n, self.batch_size)]

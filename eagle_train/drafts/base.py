@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -77,3 +78,22 @@ class DraftSpec(Protocol):
         self, config: dict[str, Any]
     ) -> tuple[dict[str, tuple[int, ...]], dict[str, tuple[int, ...]]]:
         """(required, optional) tensors vLLM reads for ``config``, with shapes (the contract)."""
+
+
+LossPart = Callable[[], StepResult]
+
+
+def loss_parts(
+    spec: DraftSpec, draft: nn.Module, features: TargetFeatures, batch: Batch, cfg: Any
+) -> list[LossPart]:
+    """The forward passes of one micro-batch, each to be backpropagated as soon as it runs.
+
+    A spec may split a long micro-batch into segments by defining ``loss_parts`` with the
+    same arguments: each part's loss is already normalised by the micro-batch's total
+    supervised count, so the summed gradients equal the single-pass gradient, and the loop
+    holds one segment's activations at a time. Otherwise the micro-batch is one part.
+    """
+    split = getattr(spec, "loss_parts", None)
+    if split is not None:
+        return split(draft, features, batch, cfg)
+    return [lambda: spec.compute_loss(draft, features, batch, cfg)]
