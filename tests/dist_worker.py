@@ -1,0 +1,38 @@
+"""``train-draft`` as the distributed tests launch it (directly or under torchrun), with two
+test-only hooks set through the environment:
+
+- ``EAGLE_TEST_PID_DIR``: each process writes ``rank-R.pid`` there, so a test can kill or
+  watch every rank;
+- ``EAGLE_TEST_FAIL_AT=R:N``: rank R raises at the end of optimizer step N, after writing
+  the time into ``fault.time`` in the pid directory.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+
+from eagle_train.cli import train_draft_app
+from eagle_train.optim import PrecisionGuard
+
+RANK = int(os.environ.get("RANK", "0"))
+
+if "EAGLE_TEST_PID_DIR" in os.environ:
+    Path(os.environ["EAGLE_TEST_PID_DIR"], f"rank-{RANK}.pid").write_text(str(os.getpid()))
+
+if "EAGLE_TEST_FAIL_AT" in os.environ:
+    fail_rank, fail_step = map(int, os.environ["EAGLE_TEST_FAIL_AT"].split(":"))
+    after_step = PrecisionGuard.after_step
+
+    def failing(self, optimizer, step):  # type: ignore[no-untyped-def]
+        after_step(self, optimizer, step)
+        if RANK == fail_rank and step == fail_step:
+            Path(os.environ["EAGLE_TEST_PID_DIR"], "fault.time").write_text(str(time.time()))
+            raise RuntimeError(f"injected fault on rank {RANK} at step {step}")
+
+    PrecisionGuard.after_step = failing  # type: ignore[method-assign]
+
+if __name__ == "__main__":
+    sys.exit(train_draft_app(sys.argv[1:]))
