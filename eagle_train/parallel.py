@@ -13,8 +13,7 @@ from __future__ import annotations
 
 import datetime
 import os
-from collections.abc import Iterator
-from contextlib import contextmanager, nullcontext
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -75,10 +74,6 @@ def wrap_model(model: nn.Module, env: DistEnv) -> nn.Module:
     return DistributedDataParallel(model, device_ids=device_ids, forward_sync_buffers=False)
 
 
-def unwrap(model: nn.Module) -> nn.Module:
-    return model.module if isinstance(model, DistributedDataParallel) else model
-
-
 def gradient_sync(model: nn.Module, sync: bool):
     """Context for one forward+backward: DDP reduces gradients only when ``sync``."""
     if sync or not isinstance(model, DistributedDataParallel):
@@ -113,12 +108,3 @@ def barrier(env: DistEnv) -> None:
     if env.distributed:
         dist.barrier()
 
-
-@contextmanager
-def main_process_first(env: DistEnv) -> Iterator[None]:
-    """Rank 0 runs the block before the others (e.g. writing a file they then read)."""
-    if not env.is_main:
-        barrier(env)
-    yield
-    if env.is_main:
-        barrier(env)
