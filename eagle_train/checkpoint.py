@@ -2,7 +2,7 @@
 
 ``step-0000100/`` holds
 - ``draft.safetensors``: parameters and buffers (d2t/t2d) in the draft's dtype;
-- ``optimizer.pt``: fp32 masters and moments; ``scheduler.pt``;
+- ``optimizer.pt``: fp32 masters and moments, keyed by parameter name; ``scheduler.pt``;
 - ``rng_states.pt``: every rank's torch (and CUDA) and Python RNG states, in rank order;
 - ``vocab.safetensors``: the draft vocabulary mapping, when the run has one;
 - ``config.yaml``: the resolved run config;
@@ -24,7 +24,6 @@ from typing import Any
 
 import torch
 from safetensors.torch import load_file, save_file
-from torch import nn
 
 from eagle_train.config import dump_config, load_config
 from eagle_train.data.loader import LoaderState
@@ -92,8 +91,8 @@ def restore_rng_state(state: dict[str, Any]) -> None:
 
 def save_checkpoint(
     root: Path,
-    draft: nn.Module,
-    optimizer: torch.optim.Optimizer,
+    draft: dict[str, torch.Tensor],
+    optimizer: dict[str, Any],
     scheduler: Any,
     cfg: RunConfig,
     state: TrainerState,
@@ -103,9 +102,9 @@ def save_checkpoint(
 ) -> Path:
     final = root / checkpoint_name(state.step)
     with atomic_directory(final) as tmp:
-        tensors = {k: v.detach().contiguous() for k, v in draft.state_dict().items()}
+        tensors = {k: v.detach().contiguous() for k, v in draft.items()}
         save_file(tensors, str(tmp / DRAFT_FILE))
-        torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
+        torch.save(optimizer, tmp / "optimizer.pt")
         torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
         torch.save(rng_states, tmp / RNG_FILE)
         if vocab is not None:

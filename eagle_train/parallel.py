@@ -1,5 +1,5 @@
-"""Data parallelism from outside the model: torchrun's environment, DDP, and the few
-collectives the loop needs. The draft stays a single-device module; this file is the only
+"""Data parallelism from outside the model: torchrun's environment, DDP or FSDP2, full
+state dicts for checkpoints, and the few collectives the loop needs. The draft stays a single-device module; this file is the only
 place that knows about process groups, and it keeps no globals (``DistEnv`` is passed).
 
 Launch: ``torchrun --nproc-per-node N -m eagle_train.cli ...`` or ``scripts/launch.sh``
@@ -15,12 +15,23 @@ import datetime
 import os
 from contextlib import nullcontext
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
+from torch.distributed.fsdp import FSDPModule, fully_shard
+from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
+
+Strategy = Literal["ddp", "fsdp"]
 
 
 @dataclass(frozen=True)
@@ -65,20 +76,62 @@ def shutdown(env: DistEnv) -> None:
         dist.destroy_process_group()
 
 
-def wrap_model(model: nn.Module, env: DistEnv) -> nn.Module:
-    """DDP over the trainable parameters. Buffers (vocab maps) are identical on every rank
-    by construction, so they are not re-broadcast at every forward."""
+def wrap_model(model: nn.Module, env: DistEnv, strategy: Strategy = "ddp") -> nn.Module:
+    """``ddp``: a replica per rank (buffers such as vocab maps are identical on every rank
+    by construction, so they are not re-broadcast at every forward). ``fsdp``: FSDP2 over
+    the whole draft as one unit, for drafts whose fp32 optimizer state does not fit once per
+    GPU: parameters, gradients, fp32 masters and moments are sharded (16 B per parameter
+    spread over the ranks) and the bf16 weights are gathered for each forward and backward
+    (2 B per parameter). One unit, because draft forwards call their layers' parts directly
+    (TTT steps), which per-layer units would not see. ``model`` is sharded in place: build
+    the optimizer after this."""
     if not env.distributed:
+        return model
+    if strategy == "fsdp":
+        fully_shard(model)
         return model
     device_ids = [env.device.index] if env.device.type == "cuda" else None
     return DistributedDataParallel(model, device_ids=device_ids, forward_sync_buffers=False)
 
 
 def gradient_sync(model: nn.Module, sync: bool):
-    """Context for one forward+backward: DDP reduces gradients only when ``sync``."""
+    """Context for one forward+backward: gradients are reduced over ranks only when
+    ``sync`` (the last backward before an optimizer step)."""
+    if isinstance(model, FSDPModule):
+        model.set_requires_gradient_sync(sync)
+        return nullcontext()
     if sync or not isinstance(model, DistributedDataParallel):
         return nullcontext()
     return model.no_sync()
+
+
+_FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
+
+
+def full_state(
+    model: nn.Module, optimizer: torch.optim.Optimizer
+) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """Unsharded model and optimizer state on CPU, keyed by parameter name, whatever the
+    wrapping (so a checkpoint resumes under DDP, FSDP2 or one process alike). A collective
+    under FSDP2: every rank calls it; only rank 0 gets the values."""
+    model_state = get_model_state_dict(model, options=_FULL)
+    return model_state, get_optimizer_state_dict(model, optimizer, options=_FULL)
+
+
+def load_full_state(
+    model: nn.Module, optimizer: torch.optim.Optimizer, model_state: dict[str, torch.Tensor],
+    optimizer_state: dict[str, Any],
+) -> None:
+    """The inverse of ``full_state``: every rank passes the same full state. Weights are
+    loaded first, so the optimizer's fp32 masters are then restored over them."""
+    options = StateDictOptions(full_state_dict=True)
+    set_model_state_dict(model, model_state, options=options)
+    set_optimizer_state_dict(model, optimizer, optimizer_state, options=options)
+
+
+def local_value(t: torch.Tensor) -> float:
+    """A scalar that may be a DTensor (e.g. a gradient norm under FSDP2)."""
+    return float(t.full_tensor() if isinstance(t, DTensor) else t)
 
 
 def all_reduce_sum(values: torch.Tensor, env: DistEnv) -> torch.Tensor:

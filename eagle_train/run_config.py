@@ -44,6 +44,9 @@ class TrainSection(StrictModel):
     keep_last: int = Field(default=3, ge=1)
     seed: int = 0
     device: str = "auto"  # auto: cuda when available, else cpu
+    # Several ranks (torchrun): ddp replicates the draft; fsdp (FSDP2) shards it and its
+    # fp32 optimizer state, for large drafts.
+    parallel: Literal["ddp", "fsdp"] = "ddp"
     # "auto": continue from the newest intact checkpoint under output_dir (fresh start if
     # there is none); a path: that checkpoint; None: fresh, refusing a dir with checkpoints.
     resume: str | None = None

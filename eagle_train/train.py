@@ -48,9 +48,12 @@ from eagle_train.parallel import (
     all_reduce_sum,
     any_rank,
     barrier,
+    full_state,
     gather_objects,
     gradient_sync,
     init_distributed,
+    load_full_state,
+    local_value,
     shutdown,
     wrap_model,
 )
@@ -115,14 +118,14 @@ def train(cfg: RunConfig) -> TrainResult:
     pad_id = c.target.config.pad_token_id or 0
     loader = BatchLoader(data, cfg.data.micro_batch_size, cfg.data.seed, pad_id,
                          cfg.data.max_length, rank=env.rank, world_size=env.world_size)
+    model = wrap_model(c.draft, env, cfg.train.parallel)  # FSDP2 shards c.draft in place
     optimizer = create_optimizer(c.draft, cfg.optim)
     scheduler = build_lr_scheduler(optimizer, cfg.optim, cfg.train.max_steps)
     state = TrainerState(step=0, loader=loader.state, world_size=env.world_size)
     if resumed is not None:
-        state = _restore(resumed, c.draft, optimizer, scheduler, loader, env)
+        state = _restore(resumed, model, optimizer, scheduler, loader, env)
     else:
         torch.manual_seed(cfg.train.seed + env.rank)  # per-rank sampling streams
-    model = wrap_model(c.draft, env)
     guard = PrecisionGuard(enabled=cfg.optim.fp32_master_weights)
     metric_log = MetricLog(out, cfg.train.tensorboard, after_step=state.step) \
         if env.is_main else None
@@ -176,9 +179,9 @@ def train(cfg: RunConfig) -> TrainResult:
                 metric_log.write("val", step, val_metrics)
             log.info("step %d val: %s", step, format_metrics(val_metrics, CONSOLE_KEYS))
         if probe.due(step, last):
-            _probe(probe, step, c, optimizer, scheduler, cfg, state, env, metric_log)
+            _probe(probe, step, model, c, optimizer, scheduler, cfg, state, env, metric_log)
         if step % cfg.train.save_every == 0 or last:
-            _save(out / "checkpoints", c, optimizer, scheduler, cfg, state, env,
+            _save(out / "checkpoints", model, c, optimizer, scheduler, cfg, state, env,
                   cfg.train.keep_last)
     if metric_log is not None:
         metric_log.close()
@@ -211,16 +214,18 @@ def _accumulate(model: nn.Module, c: Components, loader: BatchLoader, cfg: RunCo
 
 @torch.no_grad()
 def validate(c: Components, batches: list[Batch], cfg: RunConfig, env: DistEnv):
-    """Weighted validation metrics; ranks split the batches when there is one for each.
-    Runs on a forked RNG with a fixed seed: the same anchors/samples at every validation,
-    and the training stream is not disturbed."""
-    shard = len(batches) >= env.world_size
+    """Weighted validation metrics; ranks split the batches, each taking the same number
+    (an FSDP2 forward is a collective). Runs on a forked RNG with a fixed seed: the same
+    anchors/samples at every validation, and the training stream is not disturbed."""
+    usable = len(batches) - len(batches) % env.world_size
+    shard = usable > 0
+    mine = batches[env.rank : usable : env.world_size] if shard else batches
     mean = WeightedMean()
     devices = [env.device] if env.device.type == "cuda" else []
     c.draft.eval()
     with torch.random.fork_rng(devices=devices):
         torch.manual_seed(cfg.train.seed)
-        for batch in batches[env.rank :: env.world_size] if shard else batches:
+        for batch in mine:
             result = forward_loss(c, c.draft, batch, cfg)
             mean.add(result.metrics, result.weight)
     c.draft.train()
@@ -250,26 +255,29 @@ def _on_nonfinite(cfg: RunConfig, step: int, skipped: int, metrics: dict[str, fl
     log.warning("%s: skipped (%d so far)", what, skipped)
 
 
-def _save(root: Path, c: Components, optimizer, scheduler, cfg: RunConfig,
+def _save(root: Path, model: nn.Module, c: Components, optimizer, scheduler, cfg: RunConfig,
           state: TrainerState, env: DistEnv, keep_last: int) -> None:
     rng_states = gather_objects(capture_rng_state(), env)  # every rank takes part
+    draft_state, optimizer_state = full_state(model, optimizer)
     if env.is_main:
         snapshot = replace(state, loader=replace(state.loader), files={})
-        save_checkpoint(root, c.draft, optimizer, scheduler, cfg, snapshot, rng_states,
-                        c.vocab, keep_last)
+        save_checkpoint(root, draft_state, optimizer_state, scheduler, cfg, snapshot,
+                        rng_states, c.vocab, keep_last)
 
 
-def _probe(probe: AcceptanceProbe, step: int, c: Components, optimizer, scheduler,
-           cfg: RunConfig, state: TrainerState, env: DistEnv, metric_log) -> None:
+def _probe(probe: AcceptanceProbe, step: int, model: nn.Module, c: Components, optimizer,
+           scheduler, cfg: RunConfig, state: TrainerState, env: DistEnv, metric_log) -> None:
     """Rank 0 serves the current draft in vLLM; the best one is kept under ``best/``."""
     improved = False
+    draft_state, _ = full_state(model, optimizer)
     if env.is_main:
-        accept = probe.measure(step, c.draft)
+        accept = probe.measure(step, draft_state)
         metric_log.write("acceptance", step, accept)
         improved = probe.improved(accept)
         state.best_acceptance = probe.best
     if any_rank(improved, env):
-        _save(Path(cfg.train.output_dir) / "best", c, optimizer, scheduler, cfg, state, env, 1)
+        _save(Path(cfg.train.output_dir) / "best", model, c, optimizer, scheduler, cfg, state,
+              env, 1)
 
 
 def _resume_point(cfg: RunConfig, out: Path, env: DistEnv) -> Resumed | None:
@@ -304,11 +312,9 @@ def _resume_point(cfg: RunConfig, out: Path, env: DistEnv) -> Resumed | None:
     return resumed
 
 
-def _restore(resumed: Resumed, draft: nn.Module, optimizer, scheduler, loader: BatchLoader,
+def _restore(resumed: Resumed, model: nn.Module, optimizer, scheduler, loader: BatchLoader,
              env: DistEnv) -> TrainerState:
-    # Weights first: the optimizer's fp32 masters are then restored over them.
-    draft.load_state_dict({k: v.to(env.device) for k, v in resumed.draft.items()})
-    optimizer.load_state_dict(resumed.optimizer)
+    load_full_state(model, optimizer, resumed.draft, resumed.optimizer)
     scheduler.load_state_dict(resumed.scheduler)
     state = resumed.state
     loader.state = replace(state.loader)
@@ -353,7 +359,5 @@ def _to_device(batch: Batch, device: torch.device) -> Batch:
 
 
 def _clip(params: list[nn.Parameter], max_norm: float | None) -> float:
-    if max_norm is None:
-        grads = [p.grad.float().norm() for p in params if p.grad is not None]
-        return float(torch.stack(grads).norm()) if grads else 0.0
-    return float(torch.nn.utils.clip_grad_norm_(params, max_norm))
+    """The global gradient norm (clipped to ``max_norm`` when set)."""
+    return local_value(torch.nn.utils.clip_grad_norm_(params, max_norm or math.inf))

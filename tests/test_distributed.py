@@ -30,8 +30,9 @@ STEPS, SAVE_EVERY, KILL_AFTER = 24, 4, 8
 VOCAB = 64  # counted by the trainer over all ranks' shards
 
 
-def train_args(world: Path, data: Path, out: Path, micro_batch: int, accum: int) -> list[str]:
-    sets = [
+def train_args(world: Path, data: Path, out: Path, micro_batch: int, accum: int,
+               parallel: str = "ddp") -> list[str]:
+    sets = [f"train.parallel={parallel}",
         f"target.path={world / 'targets' / 'llama' / 'bf16'}", f"data.train={data}",
         "data.val=null", f"data.micro_batch_size={micro_batch}", "data.max_length=64",
         f"data.draft_vocab_size={VOCAB}", "draft.ttt_steps=2", f"train.max_steps={STEPS}",
@@ -154,12 +155,37 @@ def run_ckpt(run: Path) -> Path:
     return run / "checkpoints" / f"step-{STEPS:07d}"
 
 
-@pytest.mark.parametrize("nproc", [1, 2], ids=["single", "ddp"])
-def test_kill_9_then_resume_auto_is_bitwise_equal(runs, tiny_world, tiny_llama_data, nproc):
-    reference = runs["ddp" if nproc == 2 else "single"]
-    out = runs["root"] / f"killed-{nproc}"
-    args = train_args(tiny_world, tiny_llama_data, out, 1, 1 if nproc == 2 else 2)
-    pid_dir = runs["root"] / f"pids-killed-{nproc}"
+@pytest.fixture(scope="module")
+def fsdp_run(runs, tiny_world: Path, tiny_llama_data: Path) -> Path:
+    out = runs["root"] / "fsdp"
+    args = train_args(tiny_world, tiny_llama_data, out, 1, 1, parallel="fsdp")
+    finish(launch(args, 2, runs["root"] / "p3"))
+    return out
+
+
+def test_fsdp2_follows_ddp(runs, fsdp_run: Path):
+    """FSDP2 reduce-scatters bf16 gradients (DDP all-reduces them): the rounding differs,
+    so the trajectories agree to bf16 precision (2e-3 relative; measured 8e-4), not bits."""
+    fsdp = read_metrics(fsdp_run / "metrics.jsonl")
+    ddp = read_metrics(runs["ddp"] / "metrics.jsonl")
+    assert [r["loss"] for r in fsdp] == pytest.approx([r["loss"] for r in ddp], rel=2e-3)
+    # The checkpoint holds full (unsharded) tensors: the same files as a DDP run.
+    (draft_fsdp, opt_fsdp), (draft_ddp, opt_ddp) = final_state(fsdp_run), final_state(runs["ddp"])
+    assert {k: v.shape for k, v in draft_fsdp.items()} == {k: v.shape for k, v in draft_ddp.items()}
+    for name, state in opt_fsdp["state"].items():
+        assert state["master"].dtype == torch.float32
+        assert state["master"].shape == opt_ddp["state"][name]["master"].shape
+
+
+@pytest.mark.parametrize("mode", ["single", "ddp", "fsdp"])
+def test_kill_9_then_resume_auto_is_bitwise_equal(runs, tiny_world, tiny_llama_data, mode,
+                                                  request):
+    nproc = 1 if mode == "single" else 2
+    reference = request.getfixturevalue("fsdp_run") if mode == "fsdp" else runs[mode]
+    out = runs["root"] / f"killed-{mode}"
+    args = train_args(tiny_world, tiny_llama_data, out, 1, 1 if nproc == 2 else 2,
+                      parallel="fsdp" if mode == "fsdp" else "ddp")
+    pid_dir = runs["root"] / f"pids-killed-{mode}"
     proc = launch(args, nproc, pid_dir)
     kill_when_saved(proc, out / "checkpoints" / f"step-{KILL_AFTER:07d}", pid_dir, nproc)
     assert not run_ckpt(out).exists(), "the run finished before it was killed"

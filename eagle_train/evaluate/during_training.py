@@ -9,7 +9,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from torch import nn
+from torch import Tensor
 
 from eagle_train.evaluate.harness import EvalSettings, run_eval
 from eagle_train.evaluate.report import summarize
@@ -29,9 +29,10 @@ class AcceptanceProbe:
     def due(self, step: int, last: bool) -> bool:
         return self.every is not None and (step % self.every == 0 or last)
 
-    def measure(self, step: int, draft: nn.Module) -> dict[str, float]:
-        """Export the current draft and return its vLLM acceptance metrics."""
-        state = {k: v.detach().cpu() for k, v in draft.state_dict().items()}
+    def measure(self, step: int, draft_state: dict[str, Tensor]) -> dict[str, float]:
+        """Export the current draft (its full state dict) and return its vLLM acceptance
+        metrics."""
+        state = {k: v.detach().cpu() for k, v in draft_state.items()}
         export_state(state, self.cfg, self.drafter_dir, {"step": step}, overwrite=True)
         t = self.cfg.train
         settings = EvalSettings(
