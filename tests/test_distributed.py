@@ -246,3 +246,16 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def test_a_nan_on_one_rank_is_skipped_by_every_rank(runs, tiny_world, tiny_llama_data):
+    """The skip decision is agreed over ranks: rank 1 alone sees a NaN at step 5, both skip
+    it (one rank stepping alone would desynchronise the replicas), and the run goes on."""
+    out = runs["root"] / "nan"
+    args = train_args(tiny_world, tiny_llama_data, out, 1, 1)
+    args += ["--set", "train.nonfinite=skip", "--set", "train.max_steps=8"]
+    finish(launch(args, 2, runs["root"] / "pids-nan", EAGLE_TEST_NAN_AT="1:5"))
+    rows = read_metrics(out / "metrics.jsonl")
+    assert [r["skipped_steps"] for r in rows] == [0, 0, 0, 0, 1, 1, 1, 1]
+    opt = torch.load(out / "checkpoints" / "step-0000008" / "optimizer.pt")
+    assert {int(s["step"]) for s in opt["state"].values()} == {7}  # 8 steps, 1 skipped
