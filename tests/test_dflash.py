@@ -221,7 +221,8 @@ def test_loss_alignment(loss_target: str) -> None:
     logits = torch.randn(1, 2, 2, 5, generator=g)  # 2 blocks of B=3: slots 1, 2
     anchors, valid = torch.tensor([[2, 0]]), torch.tensor([[True, False]])
     weights = torch.tensor([1.0, 0.5])
-    stats = dflash_loss(logits, ids, target_logits, anchors, valid, weights, loss_target)
+    stats = dflash_loss(logits, lambda h: h, ids, target_logits, anchors, valid, weights,
+                        loss_target)
     per = []
     for k in (1, 2):  # slot k of the block at 2 predicts x_{2+k}; target logits at 2+k-1
         logq = torch.log_softmax(logits[0, 0, k - 1], -1)
@@ -232,6 +233,37 @@ def test_loss_alignment(loss_target: str) -> None:
     assert stats.loss.item() == pytest.approx(((per[0] + 0.5 * per[1]) / 1.5).item(), rel=1e-6)
     assert stats.correct[0, 0].tolist() == [
         bool(logits[0, 0, k - 1].argmax() == target_logits[0, 1 + k].argmax()) for k in (1, 2)]
+
+
+@pytest.mark.parametrize("loss_target", ["hard", "distill"])
+def test_chunked_head_equals_a_plain_loss(loss_target: str) -> None:
+    g = torch.Generator().manual_seed(7)
+    ids = torch.randint(0, 6, (2, 12), generator=g)
+    target_logits = torch.randn(2, 12, 6, generator=g)
+    hidden = torch.randn(2, 4, 3, 5, generator=g, requires_grad=True)
+    head = torch.nn.Linear(5, 6)
+    anchors = torch.tensor([[1, 3, 5, 8], [2, 6, 0, 0]])
+    valid = torch.tensor([[1, 1, 1, 1], [1, 1, 0, 0]]).bool()
+    weights = torch.tensor([1.0, 0.7, 0.4])
+    got = dflash_loss(hidden, head, ids, target_logits, anchors, valid, weights, loss_target,
+                      chunk_bytes=1)  # one block per chunk, each recomputed in backward
+    # plain: all logits at once, one term per (real block, slot)
+    logq = torch.log_softmax(head(hidden), -1)
+    terms, total_w = [], 0.0
+    for b, m in valid.nonzero().tolist():
+        for k in (1, 2, 3):
+            a = int(anchors[b, m])
+            if loss_target == "hard":
+                loss = -logq[b, m, k - 1, ids[b, a + k]]
+            else:
+                loss = -(torch.softmax(target_logits[b, a + k - 1], -1) * logq[b, m, k - 1]).sum()
+            terms.append(weights[k - 1] * loss)
+            total_w += float(weights[k - 1])
+    ref = torch.stack(terms).sum() / total_w
+    torch.testing.assert_close(got.loss, ref)
+    for a, r in zip(torch.autograd.grad(got.loss, [hidden, head.weight]),
+                    torch.autograd.grad(ref, [hidden, head.weight]), strict=True):
+        torch.testing.assert_close(a, r)
 
 
 def test_compute_loss_trains_draft_only_and_shares_target_head() -> None:

@@ -66,10 +66,10 @@ class DFlashSpec:
         anchors = sample_anchors(batch.loss_mask, batch.lengths, cfg.block_size,
                                  cfg.num_anchors, generator)
         hidden = draft(features.aux, batch.input_ids, anchors.positions)
-        logits = module.logits(hidden[:, :, 1:])  # slot 0 holds the anchor: nothing to predict
         weights = slot_weights(cfg.block_size, loss_gamma(cfg.block_size, cfg.loss_gamma))
-        stats = dflash_loss(logits, batch.input_ids, features.logits, anchors.positions,
-                            anchors.valid, weights, cfg.loss_target)
+        # slot 0 holds the anchor: nothing to predict there
+        stats = dflash_loss(hidden[:, :, 1:], module.logits, batch.input_ids, features.logits,
+                            anchors.positions, anchors.valid, weights, cfg.loss_target)
         metrics = {"loss": stats.loss.item(), **accuracy_metrics(stats)}
         return StepResult(loss=stats.loss, metrics=metrics, weight=int(anchors.valid.sum()))
 
