@@ -280,6 +280,24 @@ def test_compute_loss_trains_draft_only_and_shares_target_head() -> None:
     assert not any(k.startswith(("embed", "lm_head")) for k in draft.state_dict())
 
 
+def test_validation_scores_fixed_anchors_and_leaves_the_rng_alone() -> None:
+    target = tiny_target()
+    cfg, draft = build(target, num_anchors=3)
+    ids = torch.randint(4, 64, (2, 30))
+    batch = Batch(ids, torch.ones_like(ids), torch.ones_like(ids), torch.tensor([30, 30]))
+    features = target.features(ids, None, SPEC.target_layer_ids(cfg, target.config))
+    draft.eval()
+    state = torch.get_rng_state()
+    with torch.no_grad():
+        first, second = (SPEC.compute_loss(draft, features, batch, cfg) for _ in range(2))
+    assert torch.equal(torch.get_rng_state(), state)
+    assert first.metrics == second.metrics
+    draft.train()
+    with torch.no_grad():
+        third, fourth = (SPEC.compute_loss(draft, features, batch, cfg) for _ in range(2))
+    assert third.metrics["loss"] != fourth.metrics["loss"]  # 3 of 27 anchors, re-drawn
+
+
 def test_mask_token_must_be_a_target_token() -> None:
     target = tiny_target()
     cfg = DFlashConfig(target_layer_ids=[0, 1, 2], mask_token_id=64)
