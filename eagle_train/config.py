@@ -123,7 +123,7 @@ def format_validation_error(
 
 def _strip_union_tags(loc: tuple[str, ...], data: Any) -> tuple[str, ...]:
     """Drop the tags pydantic inserts into the location of an error inside a discriminated
-    union (``draft.dflash.block_size`` -> ``draft.block_size``, the key the user wrote): a
+    union (``draft.<tag>.block_size`` -> ``draft.block_size``, the key the user wrote): a
     non-final part that is not a key of the input at that point."""
     out: list[str] = []
     node = data

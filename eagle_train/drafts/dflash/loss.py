@@ -1,4 +1,5 @@
-"""DFlash loss and metrics: pure functions of block logits, the sequence and the target.
+"""DFlash loss and metrics: functions of the draft's block outputs, the (shared, frozen)
+head, the sequence and the target's logits; no module state.
 
 Alignment: block slot k (1..B-1) of the block anchored at a predicts x_{a+k}; the target's
 logits at position p predict x_{p+1}, so the target distribution for that slot is the
