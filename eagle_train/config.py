@@ -72,7 +72,7 @@ def load_config(
         return model.model_validate(data)
     except ValidationError as exc:
         overridden = {tuple(parse_override(text)[0]): text for text in overrides}
-        raise ConfigError(format_validation_error(exc, source, lines, overridden)) from None
+        raise ConfigError(format_validation_error(exc, source, lines, overridden, data)) from None
 
 
 def read_yaml(path: Path) -> tuple[dict[str, Any], dict[tuple[str, ...], int]]:
@@ -99,11 +99,12 @@ def format_validation_error(
     source: str,
     lines: dict[tuple[str, ...], int],
     overridden: dict[tuple[str, ...], str] | None = None,
+    data: Any = None,
 ) -> str:
     """One line per error: where it came from (file:line or the --set), key, expectation."""
     messages = []
     for err in exc.errors():
-        loc = tuple(str(p) for p in err["loc"])
+        loc = _strip_union_tags(tuple(str(p) for p in err["loc"]), data)
         key = ".".join(loc) or "<root>"
         line = _nearest_line(loc, lines)
         where = f"{source}:{line}" if line else source
@@ -118,6 +119,25 @@ def format_validation_error(
             got = err.get("input")
             messages.append(f"{where}: key {key!r}: {err['msg']} (got {got!r})")
     return "invalid config:\n  " + "\n  ".join(messages)
+
+
+def _strip_union_tags(loc: tuple[str, ...], data: Any) -> tuple[str, ...]:
+    """Drop the tags pydantic inserts into the location of an error inside a discriminated
+    union (``draft.<tag>.block_size`` -> ``draft.block_size``, the key the user wrote): a
+    non-final part that is not a key of the input at that point."""
+    out: list[str] = []
+    node = data
+    for i, part in enumerate(loc):
+        if isinstance(node, dict) and part not in node and i < len(loc) - 1:
+            continue
+        out.append(part)
+        if isinstance(node, dict):
+            node = node.get(part)
+        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
+            node = node[int(part)]
+        else:
+            node = None
+    return tuple(out)
 
 
 def _nearest_line(loc: tuple[str, ...], lines: dict[tuple[str, ...], int]) -> int | None:

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Annotated, Literal
 
 import pytest
+from pydantic import Field
 
 from eagle_train.config import ConfigError, StrictModel, apply_overrides, load_config
 from eagle_train.data.config import PrepareDataConfig
@@ -66,6 +68,30 @@ def test_mistyped_value_names_expected_type(tmp_path: Path) -> None:
         load_config(Outer, path)
     msg = str(err.value)
     assert f"{path}:2" in msg and "'optim.steps'" in msg and "integer" in msg and "'many'" in msg
+
+
+class Cat(StrictModel):
+    kind: Literal["cat"] = "cat"
+    lives: int = Field(default=9, ge=1)
+
+
+class Dog(StrictModel):
+    kind: Literal["dog"] = "dog"
+
+
+class Owner(StrictModel):
+    pet: Annotated[Cat | Dog, Field(discriminator="kind")]
+
+
+def test_errors_inside_a_discriminated_union_name_the_written_key(tmp_path: Path) -> None:
+    path = write(tmp_path, "pet:\n  kind: cat\n  lives: 0\n  colour: red\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(Owner, path)
+    msg = str(err.value)
+    assert f"{path}:3: key 'pet.lives'" in msg and f"{path}:4: unknown key 'pet.colour'" in msg
+    with pytest.raises(ConfigError) as err:
+        load_config(Owner, write(tmp_path, "pet:\n  kind: cat\n"), ["pet.lives=-1"])
+    assert "--set 'pet.lives=-1': key 'pet.lives'" in str(err.value)
 
 
 def test_overrides_are_typed_and_nested(tmp_path: Path) -> None:

