@@ -31,16 +31,19 @@ VOCAB = 64  # counted by the trainer over all ranks' shards
 
 
 def train_args(world: Path, data: Path, out: Path, micro_batch: int, accum: int,
-               parallel: str = "ddp") -> list[str]:
+               parallel: str = "ddp", algorithm: str = "eagle3") -> list[str]:
     sets = [f"train.parallel={parallel}",
         f"target.path={world / 'targets' / 'llama' / 'bf16'}", f"data.train={data}",
         "data.val=null", f"data.micro_batch_size={micro_batch}", "data.max_length=64",
-        f"data.draft_vocab_size={VOCAB}", "draft.ttt_steps=2", f"train.max_steps={STEPS}",
+        f"data.draft_vocab_size={VOCAB}", f"train.max_steps={STEPS}",
         f"train.grad_accum={accum}", "train.log_every=1", f"train.save_every={SAVE_EVERY}",
         "train.keep_last=3", "train.progress=false", "train.tensorboard=false",
         "optim.warmup_steps=2", f"train.output_dir={out}",
     ]
-    args = ["-c", str(REPO / "configs" / "train" / "eagle3-llama-demo.yaml")]
+    # EAGLE-3 uses no randomness in training; DFlash samples anchors every step, so its
+    # bitwise resume also proves every rank's RNG state is restored.
+    sets.append("draft.ttt_steps=2" if algorithm == "eagle3" else "draft.num_anchors=16")
+    args = ["-c", str(REPO / "configs" / "train" / f"{algorithm}-llama-demo.yaml")]
     for s in sets:
         args += ["--set", s]
     return args
@@ -177,14 +180,24 @@ def test_fsdp2_follows_ddp(runs, fsdp_run: Path):
         assert state["master"].shape == opt_ddp["state"][name]["master"].shape
 
 
-@pytest.mark.parametrize("mode", ["single", "ddp", "fsdp"])
+@pytest.fixture(scope="module")
+def dflash_run(runs, tiny_world: Path, tiny_llama_data: Path) -> Path:
+    out = runs["root"] / "dflash"
+    args = train_args(tiny_world, tiny_llama_data, out, 1, 1, algorithm="dflash")
+    finish(launch(args, 2, runs["root"] / "p4"))
+    return out
+
+
+@pytest.mark.parametrize("mode", ["single", "ddp", "fsdp", "ddp-dflash"])
 def test_kill_9_then_resume_auto_is_bitwise_equal(runs, tiny_world, tiny_llama_data, mode,
                                                   request):
     nproc = 1 if mode == "single" else 2
-    reference = request.getfixturevalue("fsdp_run") if mode == "fsdp" else runs[mode]
+    fixture = {"fsdp": "fsdp_run", "ddp-dflash": "dflash_run"}.get(mode)
+    reference = request.getfixturevalue(fixture) if fixture else runs[mode]
     out = runs["root"] / f"killed-{mode}"
     args = train_args(tiny_world, tiny_llama_data, out, 1, 1 if nproc == 2 else 2,
-                      parallel="fsdp" if mode == "fsdp" else "ddp")
+                      parallel="fsdp" if mode == "fsdp" else "ddp",
+                      algorithm="dflash" if mode == "ddp-dflash" else "eagle3")
     pid_dir = runs["root"] / f"pids-killed-{mode}"
     proc = launch(args, nproc, pid_dir)
     kill_when_saved(proc, out / "checkpoints" / f"step-{KILL_AFTER:07d}", pid_dir, nproc)
