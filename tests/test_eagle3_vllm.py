@@ -11,25 +11,19 @@ cycles here by at most K=3 accepted tokens, i.e. AL by <= 0.075, and is rare.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
 import torch
 from conftest import prepare_tiny_data
-from transformers import AutoTokenizer
+from vllm_helpers import held_out_prompts, serve, train_and_export
 
 from eagle_train.checkpoint import load_draft_checkpoint
-from eagle_train.config import load_config
 from eagle_train.data.loader import PreparedData
 from eagle_train.drafts.registry import get_draft
 from eagle_train.evaluate.offline import estimate_acceptance
-from eagle_train.export import export_draft, export_state, serving_config
 from eagle_train.metrics import read_metrics
-from eagle_train.run_config import RunConfig
-from eagle_train.serving import VllmEngine
 from eagle_train.target import FrozenTarget
-from eagle_train.train import train
 
 pytestmark = pytest.mark.vllm
 REPO = Path(__file__).resolve().parents[1]
@@ -42,57 +36,23 @@ def trained(request: pytest.FixtureRequest, tiny_world: Path, tmp_path_factory) 
     root = tmp_path_factory.mktemp(f"e2e-{family}")
     data = prepare_tiny_data(tiny_world, family, "train", root / "train", regenerate=True,
                              max_new_tokens=NUM_NEW)
-    overrides = [f"target.path={tiny_world / 'targets' / family / 'bf16'}", f"data.train={data}",
-                 "data.val=null", "data.max_length=128", f"train.output_dir={root / 'run'}",
-                 "train.max_steps=150", "train.progress=false", "train.tensorboard=false",
-                 f"draft.ttt_steps={K}", "train.acceptance_every=75",
+    overrides = [f"draft.ttt_steps={K}", "train.max_steps=150", "train.acceptance_every=75",
                  f"train.acceptance_prompts={tiny_world / 'data' / 'val.jsonl'}",
                  "train.acceptance_num_prompts=4", "train.acceptance_max_new_tokens=32",
                  "train.acceptance_max_model_len=512",
                  f"train.acceptance_kv_cache_bytes={64 * 2**20}"]
-    cfg = load_config(RunConfig, REPO / "configs" / "train" / f"eagle3-{family}-demo.yaml",
-                      overrides)
-    checkpoint = train(cfg).last_checkpoint
-    acceptance = read_metrics(root / "run" / "metrics.jsonl", "acceptance")
-    spec = get_draft(cfg.draft.algorithm)
-    target = FrozenTarget.from_pretrained(cfg.target.path)
-    torch.manual_seed(1)
-    random_state = spec.build(cfg.draft, target, PreparedData(data).vocab).state_dict()
-    return {
-        "family": family, "cfg": cfg, "checkpoint": checkpoint,
-        "drafter": export_draft(checkpoint, root / "drafter"),
-        "random": export_state(random_state, cfg, root / "random", {"step": 0}),
-        "acceptance": acceptance, "run": root / "run",
-    }
-
-
-def held_out_prompts(world: Path, family: str) -> list[list[int]]:
-    tok = AutoTokenizer.from_pretrained(world / "targets" / family / "fp32")
-    chats = [json.loads(line) for line in (world / "data" / "val.jsonl").read_text().splitlines()]
-    return [tok.apply_chat_template(c["messages"][:1], add_generation_prompt=True, tokenize=True,
-                                    return_dict=True)["input_ids"] for c in chats[:NUM_PROMPTS]]
-
-
-def serve(target: Path, prompts: list[list[int]], drafter: Path | None):
-    # Stop at eos, as served: past eos the target rambles off the distribution a draft is
-    # trained on (its own answers), which would measure something no user sees.
-    sampling = dict(temperature=0.0, max_tokens=NUM_NEW)
-    spec = serving_config(drafter, K) if drafter else None
-    with VllmEngine(target, dtype="float32", max_model_len=512, speculative_config=spec) as e:
-        results = e.generate_one_by_one(prompts, sampling)
-    tokens = [r[0] for r in results]
-    drafts = sum(r[1].drafts for r in results)
-    accepted = sum(r[1].accepted for r in results)
-    return tokens, (1 + accepted / drafts if drafts else 1.0)
+    out = train_and_export(f"eagle3-{family}-demo", tiny_world, family, data, root, overrides)
+    out["acceptance"] = read_metrics(root / "run" / "metrics.jsonl", "acceptance")
+    return out
 
 
 def test_served_in_vllm_lossless_and_accepting(trained: dict, tiny_world: Path) -> None:
     family = trained["family"]
     fp32_target = tiny_world / "targets" / family / "fp32"
-    prompts = held_out_prompts(tiny_world, family)
-    baseline, _ = serve(fp32_target, prompts, None)
-    with_draft, al_trained = serve(fp32_target, prompts, trained["drafter"])
-    with_random, al_random = serve(fp32_target, prompts, trained["random"])
+    prompts = held_out_prompts(tiny_world, family, NUM_PROMPTS)
+    baseline, _ = serve(fp32_target, prompts, None, K, NUM_NEW)
+    with_draft, al_trained = serve(fp32_target, prompts, trained["drafter"], K, NUM_NEW)
+    with_random, al_random = serve(fp32_target, prompts, trained["random"], K, NUM_NEW)
     assert with_draft == baseline  # speculative decoding is lossless under greedy
     assert with_random == baseline
     assert al_trained >= al_random + 0.4, (al_trained, al_random)

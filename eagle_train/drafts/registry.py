@@ -8,10 +8,14 @@ from typing import Annotated, Any, Union
 from pydantic import Field
 
 from eagle_train.drafts.base import DraftSpec
+from eagle_train.drafts.eagle1.spec import Eagle1Spec
 from eagle_train.drafts.eagle3.spec import Eagle3Spec
+from eagle_train.drafts.peagle.spec import PEagleSpec
 
 DRAFTS: MappingProxyType[str, DraftSpec] = MappingProxyType({
+    "eagle1": Eagle1Spec(),
     "eagle3": Eagle3Spec(),
+    "peagle": PEagleSpec(),
 })
 
 
