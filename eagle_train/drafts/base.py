@@ -59,7 +59,16 @@ class DraftSpec(Protocol):
 
     def compute_loss(
         self, draft: nn.Module, features: TargetFeatures, batch: Batch, cfg: Any
-    ) -> StepResult: ...
+    ) -> StepResult:
+        """The whole micro-batch in one forward (training and validation).
+
+        A spec MAY also define ``loss_parts(draft, features, batch, cfg) -> list[Callable[[],
+        StepResult]]``: the micro-batch split into parts (sampling done once, before), each
+        thunk running one part's forward. Each part's ``loss`` is already divided by the
+        micro-batch's total supervised count, so the parts' gradients sum to the one-pass
+        gradient; its ``weight`` is the part's supervised count. The loop backpropagates each
+        part as soon as it returns (under DDP ``no_sync`` for all but the last), and every
+        part's backward reaches every trainable parameter."""
 
     def propose(
         self, draft: nn.Module, features: TargetFeatures, input_ids: Tensor, cfg: Any,
