@@ -72,7 +72,8 @@ def load_config(
         return model.model_validate(data)
     except ValidationError as exc:
         overridden = {tuple(parse_override(text)[0]): text for text in overrides}
-        raise ConfigError(format_validation_error(exc, source, lines, overridden)) from None
+        raise ConfigError(format_validation_error(exc, source, lines, overridden, data)
+                          ) from None
 
 
 def read_yaml(path: Path) -> tuple[dict[str, Any], dict[tuple[str, ...], int]]:
@@ -99,11 +100,12 @@ def format_validation_error(
     source: str,
     lines: dict[tuple[str, ...], int],
     overridden: dict[tuple[str, ...], str] | None = None,
+    data: dict[str, Any] | None = None,
 ) -> str:
     """One line per error: where it came from (file:line or the --set), key, expectation."""
     messages = []
     for err in exc.errors():
-        loc = tuple(str(p) for p in err["loc"])
+        loc = _without_union_tags(tuple(str(p) for p in err["loc"]), data)
         key = ".".join(loc) or "<root>"
         line = _nearest_line(loc, lines)
         where = f"{source}:{line}" if line else source
@@ -118,6 +120,21 @@ def format_validation_error(
             got = err.get("input")
             messages.append(f"{where}: key {key!r}: {err['msg']} (got {got!r})")
     return "invalid config:\n  " + "\n  ".join(messages)
+
+
+def _without_union_tags(loc: tuple[str, ...], data: dict[str, Any] | None) -> tuple[str, ...]:
+    """Drop the tag pydantic inserts into the location of an error inside a discriminated
+    union (``draft.<tag>.key`` -> ``draft.key``): a part that is not a key of the mapping at
+    that level but one of its string values (the discriminator's)."""
+    out: list[str] = []
+    node: Any = data
+    for part in loc:
+        if isinstance(node, dict) and part not in node and part in {
+                v for v in node.values() if isinstance(v, str)}:
+            continue
+        out.append(part)
+        node = node.get(part) if isinstance(node, dict) else None
+    return tuple(out)
 
 
 def _nearest_line(loc: tuple[str, ...], lines: dict[tuple[str, ...], int]) -> int | None:

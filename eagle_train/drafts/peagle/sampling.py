@@ -40,7 +40,7 @@ def sample_elements(
     # later[b, a, d]: some depth >= d of anchor a is supervised
     later = None if supervised is None else supervised.flip(-1).cummax(-1).values.flip(-1)
     for d in range(1, depths):
-        candidates = grid[:, :, d - 1] & (True if later is None else later[:, :, d])
+        candidates = grid[:, :, d - 1] if later is None else grid[:, :, d - 1] & later[:, :, d]
         if keep is None:
             grid[:, :, d] = candidates
             continue
