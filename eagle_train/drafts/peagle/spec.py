@@ -72,6 +72,8 @@ class PEagleSpec:
         module = getattr(draft, "module", draft)  # DDP-wrapped or not
         k = cfg.parallel_steps
         supervised = supervision(batch.loss_mask, batch.lengths, k)
+        # Validation (eval mode) computes every depth of every anchor: exact metrics, no
+        # sampling noise between evaluations.
         keep = keep_fractions(k, cfg.keep_ratio, cfg.min_keep_ratio) if module.training else None
         grid = sample_elements(batch.lengths, batch.input_ids.shape[1], k, supervised, keep)
         total = int((grid & supervised).sum())
