@@ -48,9 +48,9 @@ from safetensors.torch import save_file
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import AutoConfig, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-from eagle_train.drafts import eagle1
 from eagle_train.drafts.base import VllmDrafter
 from eagle_train.drafts.eagle1.config import Eagle1Config
+from eagle_train.drafts.eagle1.export import expected_tensors as eagle1_tensors
 from eagle_train.drafts.eagle1.export import vllm_config as eagle1_config
 from eagle_train.drafts.eagle3.config import Eagle3Config
 from eagle_train.drafts.eagle3.export import expected_tensors, vllm_config
@@ -237,7 +237,7 @@ def build_perfect_eagle1(target_dir: str | Path, out_dir: str | Path, k: int) ->
     h = target.hidden_size
     config = eagle1_config(Eagle1Config(), target, h // target.num_attention_heads)
     config["dtype"] = "float32"
-    shapes, _ = eagle1.export.expected_tensors(config)
+    shapes, _ = eagle1_tensors(config)
     gen = torch.Generator().manual_seed(0)  # q/k/v/gate/up are irrelevant (outputs zeroed)
     t = {name: 0.02 * torch.randn(shape, generator=gen) for name, shape in shapes.items()}
     t["fc.weight"] = torch.cat([torch.diag(model.model.norm.weight.detach()),
