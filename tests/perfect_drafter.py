@@ -29,6 +29,12 @@ the embedding, RMS 1):
 residual h_in is not normed, so the earlier steps' token embeddings accumulate in h.)
 
 ``build_random_eagle3`` writes a random-init drafter of the same shape (acceptance ~1.0).
+
+``build_perfect_eagle1`` writes an EAGLE-1 drafter (vLLM ``method="eagle"``) for the same
+target: fc = [diag(w) | 0] with w the target's final-norm weight, and zero o_proj/down_proj,
+so the layer passes fc's output through and the draft feature is w * embed(tok) =
+norm(embed(tok)) (the embeddings have RMS 1), whose logits under the target's head are the
+target's next-token logits. The feature it feeds back is ignored by fc.
 """
 
 from __future__ import annotations
@@ -43,6 +49,9 @@ from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import AutoConfig, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 from eagle_train.drafts.base import VllmDrafter
+from eagle_train.drafts.eagle1.config import Eagle1Config
+from eagle_train.drafts.eagle1.export import expected_tensors as eagle1_tensors
+from eagle_train.drafts.eagle1.export import vllm_config as eagle1_config
 from eagle_train.drafts.eagle3.config import Eagle3Config
 from eagle_train.drafts.eagle3.export import expected_tensors, vllm_config
 from eagle_train.drafts.registry import get_draft
@@ -134,8 +143,8 @@ def _draft_config(target_dir: Path) -> tuple[AutoConfig, dict]:
     return target, config
 
 
-def _write(drafter: VllmDrafter, target, out_dir: str | Path) -> Path:
-    validate_drafter(get_draft("eagle3"), drafter, target)
+def _write(drafter: VllmDrafter, target, out_dir: str | Path, algorithm: str = "eagle3") -> Path:
+    validate_drafter(get_draft(algorithm), drafter, target)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     tensors = {n: t.to(torch.float32).contiguous() for n, t in sorted(drafter.tensors.items())}
@@ -219,3 +228,22 @@ def build_random_eagle3(target_dir: str | Path, out_dir: str | Path, k: int, see
             t[name] = torch.randn(shape, generator=gen) / math.sqrt(shape[-1])
     drafter = VllmDrafter(config=config, tensors=t, method="eagle3", num_speculative_tokens=k)
     return _write(drafter, target, out_dir)
+
+
+def build_perfect_eagle1(target_dir: str | Path, out_dir: str | Path, k: int) -> Path:
+    """An EAGLE-1 drafter that predicts ``build_identity_target``'s next token exactly."""
+    target = AutoConfig.from_pretrained(target_dir)
+    model = LlamaForCausalLM.from_pretrained(target_dir, dtype=torch.float32)
+    h = target.hidden_size
+    config = eagle1_config(Eagle1Config(), target, h // target.num_attention_heads)
+    config["dtype"] = "float32"
+    shapes, _ = eagle1_tensors(config)
+    gen = torch.Generator().manual_seed(0)  # q/k/v/gate/up are irrelevant (outputs zeroed)
+    t = {name: 0.02 * torch.randn(shape, generator=gen) for name, shape in shapes.items()}
+    t["fc.weight"] = torch.cat([torch.diag(model.model.norm.weight.detach()),
+                                torch.zeros(h, h)], dim=1)
+    t["layers.0.self_attn.o_proj.weight"] = torch.zeros(h, h)
+    t["layers.0.mlp.down_proj.weight"] = torch.zeros(shapes["layers.0.mlp.down_proj.weight"])
+    t["layers.0.post_attention_layernorm.weight"] = torch.ones(h)
+    drafter = VllmDrafter(config=config, tensors=t, method="eagle", num_speculative_tokens=k)
+    return _write(drafter, target, out_dir, "eagle1")

@@ -126,3 +126,13 @@ def test_missing_file_and_non_mapping(tmp_path: Path) -> None:
         load_config(Outer, tmp_path / "nope.yaml")
     with pytest.raises(ConfigError, match="mapping"):
         load_config(Outer, write(tmp_path, "- 1\n- 2\n"))
+
+
+def test_draft_union_errors_name_the_key_without_the_algorithm_tag(tmp_path: Path) -> None:
+    text = (REPO / "configs" / "train" / "peagle-llama-demo.yaml").read_text()
+    path = write(tmp_path, text.replace("keep_ratio: 0.8", "keep_ratio: 1.8"))
+    line = text.splitlines().index("  keep_ratio: 0.8") + 1
+    with pytest.raises(ConfigError) as err:
+        load_config(RunConfig, path, ["draft.bogus=1"])
+    assert f"{path}:{line}: key 'draft.keep_ratio'" in str(err.value)
+    assert "--set 'draft.bogus=1': unknown key 'draft.bogus'" in str(err.value)

@@ -14,6 +14,7 @@ import torch
 from perfect_drafter import (
     AUX_LAYER_IDS,
     build_identity_target,
+    build_perfect_eagle1,
     build_perfect_eagle3,
     build_random_eagle3,
     next_token_table,
@@ -41,6 +42,7 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> dict:
         "table": next_token_table(target),
         "perfect": {k: build_perfect_eagle3(target, root / f"perfect-k{k}", k) for k in (2, 3)},
         "random": build_random_eagle3(target, root / "random-k3", 3, seed=1),
+        "perfect_eagle1": build_perfect_eagle1(target, root / "perfect-eagle1-k3", 3),
     }
 
 
@@ -126,3 +128,20 @@ def test_project_draft_model_agrees_offline(world: dict) -> None:
         assert not draft.load_state_dict(state, strict=False).unexpected_keys
         al = estimate_acceptance(spec, draft, cfg, target, PROMPTS, outputs, 3).acceptance_length
         assert (al == expected) if expected else (al < 1.1), (path.name, al)
+
+
+def test_perfect_eagle1_drafter_accepts_everything(world: dict, baseline: list[list[int]]):
+    """EAGLE-1's format (method "eagle", no layer-0 input_layernorm, target head): vLLM accepts
+    every drafted token, and the project's EAGLE-1 forward replays the same offline."""
+    k = 3
+    results = serve(world["target"], world["perfect_eagle1"], one_by_one=True)
+    assert [r.tokens for r in results] == baseline
+    assert all(r.counters.drafts > 0 and r.counters.acceptance_length == k + 1 for r in results)
+    target = FrozenTarget.from_pretrained(world["target"], dtype=torch.float32)
+    spec = get_draft("eagle1")
+    cfg = spec.config_cls(num_speculative_tokens=k)
+    draft = spec.build(cfg, target, None)
+    state = load_file(str(world["perfect_eagle1"] / "model.safetensors"))
+    assert not draft.load_state_dict(state, strict=False).unexpected_keys
+    al = estimate_acceptance(spec, draft, cfg, target, PROMPTS, baseline, k).acceptance_length
+    assert al == k + 1

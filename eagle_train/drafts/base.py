@@ -60,7 +60,16 @@ class DraftSpec(Protocol):
 
     def compute_loss(
         self, draft: nn.Module, features: TargetFeatures, batch: Batch, cfg: Any
-    ) -> StepResult: ...
+    ) -> StepResult:
+        """The whole micro-batch in one forward (training and validation).
+
+        A spec MAY also define ``loss_parts(draft, features, batch, cfg) -> list[Callable[[],
+        StepResult]]``: the micro-batch split into parts (sampling done once, before), each
+        thunk running one part's forward. Each part's ``loss`` is already divided by the
+        micro-batch's total supervised count, so the parts' gradients sum to the one-pass
+        gradient; its ``weight`` is the part's supervised count. The loop backpropagates each
+        part as soon as it returns (under DDP ``no_sync`` for all but the last), and every
+        part's backward reaches every trainable parameter."""
 
     def propose(
         self, draft: nn.Module, features: TargetFeatures, input_ids: Tensor, cfg: Any,
@@ -86,13 +95,9 @@ LossPart = Callable[[], StepResult]
 def loss_parts(
     spec: DraftSpec, draft: nn.Module, features: TargetFeatures, batch: Batch, cfg: Any
 ) -> list[LossPart]:
-    """The forward passes of one micro-batch, each to be backpropagated as soon as it runs.
-
-    A spec may split a long micro-batch into segments by defining ``loss_parts`` with the
-    same arguments: each part's loss is already normalised by the micro-batch's total
-    supervised count, so the summed gradients equal the single-pass gradient, and the loop
-    holds one segment's activations at a time. Otherwise the micro-batch is one part.
-    """
+    """The forward passes of one micro-batch, each to be backpropagated as soon as it runs:
+    the spec's own ``loss_parts`` when it splits long sequences (the contract is under
+    ``DraftSpec.compute_loss``), else the whole micro-batch as one part."""
     split = getattr(spec, "loss_parts", None)
     if split is not None:
         return split(draft, features, batch, cfg)

@@ -9,10 +9,14 @@ from pydantic import Field
 
 from eagle_train.drafts.base import DraftSpec
 from eagle_train.drafts.dflash.spec import DFlashSpec
+from eagle_train.drafts.eagle1.spec import Eagle1Spec
 from eagle_train.drafts.eagle3.spec import Eagle3Spec
+from eagle_train.drafts.peagle.spec import PEagleSpec
 
 DRAFTS: MappingProxyType[str, DraftSpec] = MappingProxyType({
+    "eagle1": Eagle1Spec(),
     "eagle3": Eagle3Spec(),
+    "peagle": PEagleSpec(),
     "dflash": DFlashSpec(),
 })
 

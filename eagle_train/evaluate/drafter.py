@@ -4,7 +4,7 @@ its tensors match vLLM's contract for this target (vLLM itself would not say).""
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -27,9 +27,11 @@ class DrafterInfo:
     spec: DraftSpec
     method: str
     num_speculative_tokens: int
+    # Further speculative_config keys the export records (e.g. a drafting mode switch).
+    extra: dict[str, Any] = field(default_factory=dict)
 
     def speculative_config(self) -> dict[str, Any]:
-        return {"method": self.method, "model": str(self.path),
+        return {**self.extra, "method": self.method, "model": str(self.path),
                 "num_speculative_tokens": self.num_speculative_tokens}
 
 
@@ -54,7 +56,10 @@ def inspect_drafter(
     if not k:
         raise DrafterError(f"{path}: the export does not record how many tokens it drafts; "
                            "pass --num-speculative-tokens")
-    return DrafterInfo(path=path, spec=spec, method=spec.vllm_method, num_speculative_tokens=k)
+    extra = {key: value for key, value in serving.items()
+             if key not in ("method", "model", "num_speculative_tokens")}
+    return DrafterInfo(path=path, spec=spec, method=spec.vllm_method, num_speculative_tokens=k,
+                       extra=extra)
 
 
 def _read_json(path: Path) -> dict[str, Any]:

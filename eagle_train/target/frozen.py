@@ -81,7 +81,8 @@ class FrozenTarget(nn.Module):
             for hook in hooks:
                 hook.remove()
         final = out.last_hidden_state
-        aux = torch.cat([captured[k] for k in layer_ids], dim=-1)
+        # No layer ids (a draft that reads only the final hidden): an empty (B, T, 0) aux.
+        aux = torch.cat([captured[k] for k in layer_ids], dim=-1) if layer_ids else final[..., :0]
         return TargetFeatures(aux=aux, final=final, logits=self.lm_head()(final))
 
 

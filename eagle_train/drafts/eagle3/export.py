@@ -11,7 +11,7 @@ from eagle_train.drafts.base import VllmDrafter
 from eagle_train.drafts.eagle3.config import Eagle3Config
 
 # Target config fields the draft mirrors (RoPE and sizes), copied when present.
-_MIRRORED = ("rope_parameters", "rope_theta", "max_position_embeddings",
+MIRRORED = ("rope_parameters", "rope_theta", "max_position_embeddings",
              "bos_token_id", "eos_token_id", "pad_token_id")
 
 
@@ -48,7 +48,7 @@ def vllm_config(
         "norm_before_residual": False,
         "dtype": "bfloat16",
     }
-    for key in _MIRRORED:
+    for key in MIRRORED:
         value = getattr(target, key, None)
         if value is not None:
             config[key] = value

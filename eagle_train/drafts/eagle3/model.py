@@ -67,21 +67,24 @@ class DraftShape:
 
 
 class Attention(nn.Module):
-    """q/k/v over the 2H input ``cat(norm(embed), hidden_norm(h))``; optional q/k norm."""
+    """q/k/v over the 2H input ``cat(norm(embed), hidden_norm(h))``; optional q/k norm.
 
-    def __init__(self, s: DraftShape) -> None:
+    ``in_size`` overrides the input width (H for an ordinary decoder layer)."""
+
+    def __init__(self, s: DraftShape, in_size: int | None = None) -> None:
         super().__init__()
         self.s = s
-        self.q_proj = nn.Linear(2 * s.hidden_size, s.num_heads * s.head_dim, bias=False)
-        self.k_proj = nn.Linear(2 * s.hidden_size, s.num_kv_heads * s.head_dim, bias=False)
-        self.v_proj = nn.Linear(2 * s.hidden_size, s.num_kv_heads * s.head_dim, bias=False)
+        width = in_size or 2 * s.hidden_size
+        self.q_proj = nn.Linear(width, s.num_heads * s.head_dim, bias=False)
+        self.k_proj = nn.Linear(width, s.num_kv_heads * s.head_dim, bias=False)
+        self.v_proj = nn.Linear(width, s.num_kv_heads * s.head_dim, bias=False)
         self.o_proj = nn.Linear(s.num_heads * s.head_dim, s.hidden_size, bias=False)
         if s.qk_norm:
             self.q_norm = RMSNorm(s.head_dim, s.rms_norm_eps)
             self.k_norm = RMSNorm(s.head_dim, s.rms_norm_eps)
 
     def project(self, x: Tensor, rope: tuple[Tensor, Tensor]) -> tuple[Tensor, Tensor, Tensor]:
-        """(B,T,2H) -> q (B,h,T,D) and k, v repeated to h heads (GQA), rotary applied."""
+        """(B,T,in) -> q (B,h,T,D) and k, v repeated to h heads (GQA), rotary applied."""
         b, t, _ = x.shape
         s = self.s
         q = self.q_proj(x).view(b, t, s.num_heads, s.head_dim)

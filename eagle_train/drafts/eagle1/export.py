@@ -1,0 +1,77 @@
+"""EAGLE-1 -> vLLM ``method="eagle"`` (VLLM_CONTRACT.md): a plain Llama config.
+
+vLLM has only a Llama-style EAGLE-1 drafter (it renames LlamaForCausalLM to
+EagleLlamaForCausalLM), so the draft uses Llama layers whatever the target's family; only
+the sizes and RoPE are mirrored from the target. vLLM always uses the target's lm_head, and
+layer 0 has no input_layernorm (shipping one, a final norm or an lm_head raises in vLLM).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torch import Tensor
+from transformers import PretrainedConfig
+
+from eagle_train.drafts.base import VllmDrafter
+from eagle_train.drafts.eagle1.config import Eagle1Config
+from eagle_train.drafts.eagle3.export import MIRRORED
+
+
+def vllm_config(cfg: Eagle1Config, target: PretrainedConfig, head_dim: int) -> dict[str, Any]:
+    config: dict[str, Any] = {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "hidden_size": target.hidden_size,
+        "intermediate_size": target.intermediate_size,
+        "num_hidden_layers": cfg.num_layers,
+        "num_attention_heads": target.num_attention_heads,
+        "num_key_value_heads": getattr(target, "num_key_value_heads", None)
+        or target.num_attention_heads,
+        "head_dim": head_dim,
+        "hidden_act": "silu",
+        "rms_norm_eps": target.rms_norm_eps,
+        "attention_bias": False,
+        "mlp_bias": False,
+        "tie_word_embeddings": False,
+        "vocab_size": target.vocab_size,
+        "dtype": "bfloat16",
+    }
+    for key in MIRRORED:
+        value = getattr(target, key, None)
+        if value is not None:
+            config[key] = value
+    return config
+
+
+def expected_tensors(
+    config: dict[str, Any],
+) -> tuple[dict[str, tuple[int, ...]], dict[str, tuple[int, ...]]]:
+    """(required, optional) tensor shapes for ``config``."""
+    h, d, inter = config["hidden_size"], config["head_dim"], config["intermediate_size"]
+    heads, kv = config["num_attention_heads"], config["num_key_value_heads"]
+    shapes: dict[str, tuple[int, ...]] = {"fc.weight": (h, 2 * h)}
+    for i in range(config["num_hidden_layers"]):
+        p = f"layers.{i}."
+        if i > 0:  # vLLM replaces layer 0's input_layernorm by identity
+            shapes[p + "input_layernorm.weight"] = (h,)
+        shapes.update({
+            p + "self_attn.q_proj.weight": (heads * d, h),
+            p + "self_attn.k_proj.weight": (kv * d, h),
+            p + "self_attn.v_proj.weight": (kv * d, h),
+            p + "self_attn.o_proj.weight": (h, heads * d),
+            p + "post_attention_layernorm.weight": (h,),
+            p + "mlp.gate_proj.weight": (inter, h),
+            p + "mlp.up_proj.weight": (inter, h),
+            p + "mlp.down_proj.weight": (h, inter),
+        })
+    return shapes, {"embed_tokens.weight": (config["vocab_size"], h)}
+
+
+def to_vllm(state: dict[str, Tensor], cfg: Eagle1Config, target: PretrainedConfig) -> VllmDrafter:
+    head_dim = state["layers.0.self_attn.q_proj.weight"].shape[0] // target.num_attention_heads
+    config = vllm_config(cfg, target, head_dim)
+    names = set(expected_tensors(config)[0])  # the frozen embedding/head copies stay behind
+    tensors = {name: state[name] for name in names if name in state}
+    return VllmDrafter(config=config, tensors=tensors, method="eagle",
+                       num_speculative_tokens=cfg.num_speculative_tokens)

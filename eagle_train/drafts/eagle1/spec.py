@@ -1,0 +1,90 @@
+"""EAGLE-1 as the loop sees it: no aux layers (the final-normed hidden only), build, loss,
+export."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+from transformers import PretrainedConfig
+
+from eagle_train.data.vocab import VocabMapping
+from eagle_train.drafts.base import Batch, StepResult, VllmDrafter
+from eagle_train.drafts.eagle1 import export
+from eagle_train.drafts.eagle1.config import Eagle1Config
+from eagle_train.drafts.eagle1.loss import eagle1_loss
+from eagle_train.drafts.eagle1.model import Eagle1Draft
+from eagle_train.drafts.eagle3.loss import valid_slots
+from eagle_train.drafts.eagle3.model import DraftShape, shift_left
+from eagle_train.target import FrozenTarget, TargetFeatures
+
+# Keys only EAGLE-3-family or DFlash drafters write; a plain Llama config has none of them.
+_OTHER_FORMATS = ("eagle_aux_hidden_state_layer_ids", "num_aux_hidden_states",
+                  "draft_vocab_size", "parallel_drafting", "dflash_config")
+
+
+class Eagle1Spec:
+    name = "eagle1"
+    config_cls = Eagle1Config
+    vllm_method = "eagle"
+
+    def recognizes(self, config: dict[str, Any]) -> bool:
+        archs = config.get("architectures") or []
+        return (not any(key in config for key in _OTHER_FORMATS)
+                and any(a in ("LlamaForCausalLM", "EagleLlamaForCausalLM") for a in archs))
+
+    def target_layer_ids(self, cfg: Eagle1Config, target: PretrainedConfig) -> list[int]:
+        return []  # EAGLE-1 reads TargetFeatures.final (after the final norm) only
+
+    def build(
+        self, cfg: Eagle1Config, target: FrozenTarget, vocab: VocabMapping | None
+    ) -> Eagle1Draft:
+        # The draft predicts features for the target's own head: the full target vocab,
+        # whatever draft vocabulary the data preparation computed.
+        tcfg = target.config
+        shape = DraftShape.from_target(tcfg, num_aux=1, draft_vocab_size=tcfg.vocab_size,
+                                       qk_norm=False)
+        draft = Eagle1Draft(shape, tcfg, cfg.num_layers).float()
+        with torch.no_grad():
+            draft.embed_tokens.weight.copy_(target.embed_tokens().weight.float())
+            draft.lm_head.weight.copy_(target.lm_head().weight.float())
+        draft.embed_tokens.weight.requires_grad_(False)
+        draft.lm_head.weight.requires_grad_(False)
+        return draft
+
+    def compute_loss(
+        self, draft: nn.Module, features: TargetFeatures, batch: Batch, cfg: Eagle1Config
+    ) -> StepResult:
+        module = getattr(draft, "module", draft)  # DDP-wrapped or not
+        feature = features.final.to(module.fc.weight.dtype)
+        if module.training and cfg.feature_noise > 0:
+            feature = feature + (torch.rand_like(feature) * 2 - 1) * cfg.feature_noise
+        (pred,) = draft(feature, batch.input_ids, 1)
+        mask = valid_slots(batch.loss_mask, batch.lengths, 0)
+        out = eagle1_loss(pred, module.lm_head(pred), shift_left(features.final, 1),
+                          shift_left(features.logits, 1), mask, cfg.feature_weight,
+                          cfg.logit_weight)
+        n = int(mask.sum())
+        metrics = {"loss": out.loss.item(), "loss_feature": out.feature.item(),
+                   "loss_logit": out.logit.item(),
+                   "acc_0": (out.correct & mask).sum().item() / max(n, 1)}
+        return StepResult(loss=out.loss, metrics=metrics, weight=n)
+
+    @torch.no_grad()
+    def propose(
+        self, draft: nn.Module, features: TargetFeatures, input_ids: Tensor, cfg: Eagle1Config,
+        num_steps: int,
+    ) -> Tensor:
+        preds = draft(features.final.to(draft.fc.weight.dtype), input_ids, num_steps)
+        return torch.stack([draft.lm_head(p).argmax(-1) for p in preds], dim=-1)
+
+    def to_vllm(
+        self, state: dict[str, Tensor], cfg: Eagle1Config, target: PretrainedConfig
+    ) -> VllmDrafter:
+        return export.to_vllm(state, cfg, target)
+
+    def expected_tensors(
+        self, config: dict[str, Any]
+    ) -> tuple[dict[str, tuple[int, ...]], dict[str, tuple[int, ...]]]:
+        return export.expected_tensors(config)

@@ -1,0 +1,37 @@
+"""P-EAGLE draft config (every default lives here)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from eagle_train.config import StrictModel
+
+
+class PEagleConfig(StrictModel):
+    algorithm: Literal["peagle"] = "peagle"
+    # Target layers fused by fc, "after k layers" convention; None -> (2, L//2, L-3).
+    aux_layer_ids: list[int] | None = None
+    # EAGLE-3's fused first layer plus (num_layers - 1) ordinary decoder layers.
+    num_layers: int = Field(default=4, ge=1)
+    # K: depths predicted in one forward (vLLM num_speculative_tokens).
+    parallel_steps: int = Field(default=4, ge=1)
+    # Conditional drop: depth d keeps max(keep_ratio**d, min_keep_ratio) of depth d-1's anchors.
+    keep_ratio: float = Field(default=0.8, gt=0, le=1)
+    min_keep_ratio: float = Field(default=0.2, gt=0, le=1)
+    # Token fed at depths >= 1; its embedding row is trained and exported. None = the target
+    # tokenizer's mask token.
+    mask_token_id: int | None = Field(default=None, ge=0)
+    # Decoder layer style: llama (no q/k norm) or qwen3 (q_norm/k_norm); auto = the target's.
+    layer_style: Literal["auto", "llama", "qwen3"] = "auto"
+    # Forward+backward in this many parts per micro-batch, split by anchor position (bounds
+    # activation memory on long sequences; the summed gradient equals the one-pass one).
+    num_segments: int = Field(default=1, ge=1)
+
+    @model_validator(mode="after")
+    def _ratios(self) -> PEagleConfig:
+        if self.min_keep_ratio > self.keep_ratio:
+            raise ValueError(f"draft.min_keep_ratio {self.min_keep_ratio} must not exceed "
+                             f"draft.keep_ratio {self.keep_ratio}")
+        return self

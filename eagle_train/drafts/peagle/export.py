@@ -1,0 +1,71 @@
+"""P-EAGLE -> vLLM ``method="eagle3"`` with ``parallel_drafting: true`` (VLLM_CONTRACT.md):
+the EAGLE-3 config and tensors plus ``mask_token_id``, ``mask_hidden`` and ``embed_tokens``
+(carrying the trained mask row), and the ordinary layers after the fused one."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torch import Tensor
+from transformers import PretrainedConfig
+
+from eagle_train.drafts.base import VllmDrafter
+from eagle_train.drafts.eagle3 import export as eagle3_export
+from eagle_train.drafts.peagle.config import PEagleConfig
+
+
+def vllm_config(
+    cfg: PEagleConfig, target: PretrainedConfig, layer_ids: list[int], draft_vocab_size: int,
+    head_dim: int, mask_token_id: int,
+) -> dict[str, Any]:
+    config = eagle3_export.vllm_config(cfg, target, layer_ids, draft_vocab_size, head_dim)
+    # vLLM ignores parallel_drafting in config.json (the speculative config turns it on);
+    # it marks the format so that it is not taken for a plain EAGLE-3 drafter.
+    config.update(num_hidden_layers=cfg.num_layers, mask_token_id=mask_token_id,
+                  parallel_drafting=True)
+    return config
+
+
+def expected_tensors(
+    config: dict[str, Any],
+) -> tuple[dict[str, tuple[int, ...]], dict[str, tuple[int, ...]]]:
+    required, _ = eagle3_export.expected_tensors(config)
+    h, d, inter = config["hidden_size"], config["head_dim"], config["intermediate_size"]
+    heads, kv = config["num_attention_heads"], config["num_key_value_heads"]
+    for i in range(1, config["num_hidden_layers"]):  # ordinary layers: q/k/v over H
+        p = f"layers.{i}."
+        required.update({
+            p + "input_layernorm.weight": (h,),
+            p + "self_attn.q_proj.weight": (heads * d, h),
+            p + "self_attn.k_proj.weight": (kv * d, h),
+            p + "self_attn.v_proj.weight": (kv * d, h),
+            p + "self_attn.o_proj.weight": (h, heads * d),
+            p + "post_attention_layernorm.weight": (h,),
+            p + "mlp.gate_proj.weight": (inter, h),
+            p + "mlp.up_proj.weight": (inter, h),
+            p + "mlp.down_proj.weight": (h, inter),
+        })
+        if config["model_type"] == "qwen3":
+            required[p + "self_attn.q_norm.weight"] = (d,)
+            required[p + "self_attn.k_norm.weight"] = (d,)
+    required["mask_hidden"] = (config["num_aux_hidden_states"] * config["target_hidden_size"],)
+    required["embed_tokens.weight"] = (config["vocab_size"], h)  # the trained mask row
+    return required, {}
+
+
+def to_vllm(
+    state: dict[str, Tensor], cfg: PEagleConfig, target: PretrainedConfig, layer_ids: list[int]
+) -> VllmDrafter:
+    vd = state["lm_head.weight"].shape[0]
+    head_dim = state["layers.0.self_attn.q_proj.weight"].shape[0] // target.num_attention_heads
+    mask_id = int(state["mask_token_id"])
+    config = vllm_config(cfg, target, layer_ids, vd, head_dim, mask_id)
+    names = set(expected_tensors(config)[0]) - {"embed_tokens.weight"}
+    tensors = {name: state[name] for name in names if name in state}
+    if "embed_tokens.weight" in state and "mask_embedding" in state:
+        embed = state["embed_tokens.weight"].clone()
+        embed[mask_id] = state["mask_embedding"].to(embed.dtype)
+        tensors["embed_tokens.weight"] = embed
+    return VllmDrafter(config=config, tensors=tensors, method="eagle3",
+                       num_speculative_tokens=cfg.parallel_steps,
+                       extra_speculative_config={"parallel_drafting": True})

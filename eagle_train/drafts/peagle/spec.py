@@ -1,0 +1,154 @@
+"""P-EAGLE as the loop sees it: layer ids, build, loss (one pass or in anchor segments),
+export."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+from transformers import AutoTokenizer, PretrainedConfig
+
+from eagle_train.data.vocab import VocabMapping
+from eagle_train.drafts.base import Batch, StepResult, VllmDrafter
+from eagle_train.drafts.eagle3.export import layer_style
+from eagle_train.drafts.eagle3.model import DraftShape
+from eagle_train.drafts.eagle3.spec import Eagle3Spec, draft_ids
+from eagle_train.drafts.peagle import export
+from eagle_train.drafts.peagle.config import PEagleConfig
+from eagle_train.drafts.peagle.loss import depth_metrics, element_targets, peagle_loss
+from eagle_train.drafts.peagle.model import PEagleDraft
+from eagle_train.drafts.peagle.sampling import (
+    Elements,
+    keep_fractions,
+    sample_elements,
+    segment_grids,
+    supervision,
+)
+from eagle_train.target import FrozenTarget, TargetFeatures
+
+
+class PEagleSpec:
+    name = "peagle"
+    config_cls = PEagleConfig
+    vllm_method = "eagle3"
+
+    def recognizes(self, config: dict[str, Any]) -> bool:
+        return bool(config.get("parallel_drafting")) and "mask_token_id" in config
+
+    def target_layer_ids(self, cfg: PEagleConfig, target: PretrainedConfig) -> list[int]:
+        return Eagle3Spec().target_layer_ids(cfg, target)  # same rule, same error
+
+    def build(
+        self, cfg: PEagleConfig, target: FrozenTarget, vocab: VocabMapping | None
+    ) -> PEagleDraft:
+        tcfg = target.config
+        mask_id = resolve_mask_token_id(cfg, target)
+        vd = len(vocab.d2t) if vocab is not None else tcfg.vocab_size
+        shape = DraftShape.from_target(
+            tcfg, num_aux=len(self.target_layer_ids(cfg, tcfg)), draft_vocab_size=vd,
+            qk_norm=layer_style(cfg, tcfg) == "qwen3",
+        )
+        draft = PEagleDraft(shape, tcfg, cfg.num_layers).float()
+        with torch.no_grad():
+            embed = target.embed_tokens().weight.float()
+            draft.embed_tokens.weight.copy_(embed)
+            draft.mask_embedding.copy_(embed[mask_id])
+            draft.mask_token_id.fill_(mask_id)
+            if vocab is not None:
+                draft.d2t.copy_(vocab.d2t)
+                draft.t2d.copy_(vocab.t2d)
+            draft.lm_head.weight.copy_(target.lm_head().weight[draft_ids(draft)].float())
+        draft.embed_tokens.weight.requires_grad_(False)  # only the mask row trains
+        return draft
+
+    def loss_parts(
+        self, draft: nn.Module, features: TargetFeatures, batch: Batch, cfg: PEagleConfig,
+        num_segments: int | None = None,
+    ) -> list[Callable[[], StepResult]]:
+        """One thunk per anchor segment; sampling happens here, once. Each thunk's loss is
+        already divided by the micro-batch's total supervised count."""
+        module = getattr(draft, "module", draft)  # DDP-wrapped or not
+        k = cfg.parallel_steps
+        supervised = supervision(batch.loss_mask, batch.lengths, k)
+        # Validation (eval mode) computes every depth of every anchor: exact metrics, no
+        # sampling noise between evaluations.
+        keep = keep_fractions(k, cfg.keep_ratio, cfg.min_keep_ratio) if module.training else None
+        grid = sample_elements(batch.lengths, batch.input_ids.shape[1], k, supervised, keep)
+        total = int((grid & supervised).sum())
+        aux = features.aux.to(module.fc.weight.dtype)
+        ids = draft_ids(module)
+        target_draft = features.logits[..., ids]  # (B,T,Vd), restricted once
+
+        def part(forward: Tensor, own: Tensor) -> Callable[[], StepResult]:
+            def run() -> StepResult:
+                e = Elements.from_grid(forward)
+                logits = draft(aux, batch.input_ids, e)
+                target = element_targets(target_draft, e)
+                sup = e.pick(own & supervised)
+                loss, kl = peagle_loss(logits, target, sup, total)
+                n = int(sup.sum())
+                correct = logits.argmax(-1) == target.argmax(-1)
+                metrics = {"loss": (kl * sup).sum().item() / max(n, 1),
+                           **depth_metrics(correct, sup, e, grid.shape[1], k)}
+                return StepResult(loss=loss, metrics=metrics, weight=n)
+            return run
+
+        segments = num_segments or cfg.num_segments
+        return [part(fwd, own) for fwd, own in segment_grids(grid, segments)]
+
+    def compute_loss(
+        self, draft: nn.Module, features: TargetFeatures, batch: Batch, cfg: PEagleConfig
+    ) -> StepResult:
+        (whole,) = self.loss_parts(draft, features, batch, cfg, num_segments=1)
+        return whole()
+
+    @torch.no_grad()
+    def propose(
+        self, draft: nn.Module, features: TargetFeatures, input_ids: Tensor, cfg: PEagleConfig,
+        num_steps: int,
+    ) -> Tensor:
+        """All depths of every anchor in one forward: entry [t, d] guesses x_{t+2+d}."""
+        b, t = input_ids.shape
+        lengths = torch.full((b,), t, device=input_ids.device)
+        grid = sample_elements(lengths, t, num_steps, None, None)
+        e = Elements.from_grid(grid)
+        logits = draft(features.aux.to(draft.fc.weight.dtype), input_ids, e)
+        out = torch.full((b, t, num_steps), -1, dtype=torch.long, device=input_ids.device)
+        rows = torch.arange(b, device=input_ids.device)[:, None]
+        guess = draft_ids(draft)[logits.argmax(-1)]
+        out[rows, e.anchor, e.depth] = torch.where(e.valid, guess, out[rows, e.anchor, e.depth])
+        return out
+
+    def to_vllm(
+        self, state: dict[str, Tensor], cfg: PEagleConfig, target: PretrainedConfig
+    ) -> VllmDrafter:
+        return export.to_vllm(state, cfg, target, self.target_layer_ids(cfg, target))
+
+    def expected_tensors(
+        self, config: dict[str, Any]
+    ) -> tuple[dict[str, tuple[int, ...]], dict[str, tuple[int, ...]]]:
+        return export.expected_tensors(config)
+
+
+def resolve_mask_token_id(cfg: PEagleConfig, target: FrozenTarget) -> int:
+    """``draft.mask_token_id``, or the target tokenizer's mask token; inside the vocab."""
+    vocab_size = target.config.vocab_size
+    mask_id = cfg.mask_token_id
+    if mask_id is None:
+        path = target.model.name_or_path
+        try:
+            mask_id = AutoTokenizer.from_pretrained(path).mask_token_id
+        except (OSError, ValueError) as exc:
+            raise ValueError(f"draft.mask_token_id is not set and the target's tokenizer at "
+                             f"{path!r} could not be read ({exc}); set draft.mask_token_id"
+                             ) from None
+        if mask_id is None:
+            raise ValueError(f"draft.mask_token_id is not set and the target's tokenizer at "
+                             f"{path!r} has no mask token; set draft.mask_token_id to a "
+                             f"reserved token id in 0..{vocab_size - 1}")
+    if not 0 <= mask_id < vocab_size:
+        raise ValueError(f"draft.mask_token_id {mask_id} is outside the target vocabulary "
+                         f"(expected 0..{vocab_size - 1})")
+    return mask_id
