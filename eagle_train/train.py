@@ -8,6 +8,7 @@ and exact resume. Rank 0 alone writes logs and checkpoints; metrics are reduced 
 
 from __future__ import annotations
 
+import gc
 import logging
 import math
 import shutil
@@ -186,6 +187,9 @@ def train(cfg: RunConfig) -> TrainResult:
     if metric_log is not None:
         metric_log.close()
     barrier(env)  # the last checkpoint exists before any rank returns
+    # DDP's reducer holds the gloo group; destroying the group under it can deadlock at exit.
+    del model
+    gc.collect()
     shutdown(env)
     checkpoint = out / "checkpoints" / checkpoint_name(cfg.train.max_steps)
     log.info("done: last checkpoint %s, %d skipped step(s)", checkpoint, state.skipped_steps)
