@@ -22,7 +22,7 @@ prepare-data -c configs/data/demo.yaml \
     --set tokenizer=runs/demo_world/targets/$FAMILY/bf16 \
     --set "inputs=[runs/demo_world/data/val.jsonl]" --set limit=64 \
     --set output_dir=runs/demo_data/$FAMILY-val --set vocab.draft_vocab_size=null
-train-draft -c configs/train/eagle3-$FAMILY-demo.yaml
+train-draft -c configs/train/eagle3-$FAMILY-demo.yaml --resume auto  # continues an interrupted run
 RUN=runs/eagle3-$FAMILY-demo
 export-draft "$(ls -d $RUN/checkpoints/step-* | tail -1)" $RUN/drafter --overwrite
 eval-acceptance --target runs/demo_world/targets/$FAMILY/bf16 --draft $RUN/drafter \
