@@ -8,13 +8,10 @@ from torch import Tensor
 from transformers import AutoTokenizer, PretrainedConfig
 
 from eagle_train.drafts.base import VllmDrafter
+from eagle_train.drafts.common import mirror_target
 from eagle_train.drafts.dflash.config import DFlashConfig
 
 # Target config fields the draft mirrors (RoPE and sizes), copied when present.
-# max_position_embeddings must cover the serving length: vLLM does not raise it for DFlash
-# and drafting silently stops beyond it; the target's own limit covers what it can serve.
-_MIRRORED = ("rope_parameters", "rope_theta", "max_position_embeddings",
-             "bos_token_id", "eos_token_id", "pad_token_id")
 
 
 def resolve_mask_token_id(cfg: DFlashConfig, target: PretrainedConfig) -> int:
@@ -74,11 +71,7 @@ def vllm_config(
         "dflash_config": {"mask_token_id": mask_token_id, "target_layer_ids": list(layer_ids)},
         "dtype": "bfloat16",
     }
-    for key in _MIRRORED:
-        value = getattr(target, key, None)
-        if value is not None:
-            config[key] = value
-    return config
+    return mirror_target(config, target)
 
 
 def expected_tensors(

@@ -14,8 +14,8 @@ from torch import Tensor
 from transformers import PretrainedConfig
 
 from eagle_train.drafts.base import VllmDrafter
+from eagle_train.drafts.common import mirror_target
 from eagle_train.drafts.eagle1.config import Eagle1Config
-from eagle_train.drafts.eagle3.export import MIRRORED
 
 
 def vllm_config(cfg: Eagle1Config, target: PretrainedConfig, head_dim: int) -> dict[str, Any]:
@@ -37,11 +37,7 @@ def vllm_config(cfg: Eagle1Config, target: PretrainedConfig, head_dim: int) -> d
         "vocab_size": target.vocab_size,
         "dtype": "bfloat16",
     }
-    for key in MIRRORED:
-        value = getattr(target, key, None)
-        if value is not None:
-            config[key] = value
-    return config
+    return mirror_target(config, target)
 
 
 def expected_tensors(

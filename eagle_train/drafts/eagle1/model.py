@@ -15,8 +15,9 @@ from torch import Tensor, nn
 from transformers import PretrainedConfig
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
+from eagle_train.drafts.common import RMSNorm
 from eagle_train.drafts.eagle3.attention import ttt_attention
-from eagle_train.drafts.eagle3.model import MLP, Attention, DraftShape, RMSNorm, shift_left
+from eagle_train.drafts.eagle3.model import MLP, Attention, DraftShape, shift_left
 
 # A key/value list per layer: entry j holds the (k, v) of chain step j (see ttt_attention).
 LayerKV = list[tuple[Tensor, Tensor]]

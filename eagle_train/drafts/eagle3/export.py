@@ -8,11 +8,8 @@ from torch import Tensor
 from transformers import PretrainedConfig
 
 from eagle_train.drafts.base import VllmDrafter
+from eagle_train.drafts.common import mirror_target
 from eagle_train.drafts.eagle3.config import Eagle3Config
-
-# Target config fields the draft mirrors (RoPE and sizes), copied when present.
-MIRRORED = ("rope_parameters", "rope_theta", "max_position_embeddings",
-             "bos_token_id", "eos_token_id", "pad_token_id")
 
 
 def layer_style(cfg: Eagle3Config, target: PretrainedConfig) -> str:
@@ -48,11 +45,7 @@ def vllm_config(
         "norm_before_residual": False,
         "dtype": "bfloat16",
     }
-    for key in MIRRORED:
-        value = getattr(target, key, None)
-        if value is not None:
-            config[key] = value
-    return config
+    return mirror_target(config, target)
 
 
 def expected_tensors(

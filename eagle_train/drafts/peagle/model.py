@@ -15,8 +15,9 @@ from torch import Tensor, nn
 from transformers import PretrainedConfig
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
+from eagle_train.drafts.common import RMSNorm
 from eagle_train.drafts.eagle1.model import DecoderLayer
-from eagle_train.drafts.eagle3.model import DraftShape, FusedLayer, RMSNorm
+from eagle_train.drafts.eagle3.model import DraftShape, FusedLayer
 from eagle_train.drafts.peagle.sampling import Elements, attention_mask
 
 
