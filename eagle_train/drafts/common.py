@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 from transformers import PretrainedConfig
 
@@ -26,6 +27,37 @@ class RMSNorm(nn.Module):
         xf = x.float()
         xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * xf.to(x.dtype)
+
+
+class MLP(nn.Module):
+    """The SwiGLU MLP of Llama/Qwen3 layers (gate and up stay separate: vLLM fuses them)."""
+
+    def __init__(self, hidden_size: int, intermediate_size: int) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
+        self.up_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
+        self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+def decoder_fields(target: PretrainedConfig, head_dim: int, num_layers: int) -> dict[str, Any]:
+    """config.json fields of draft decoder layers that mirror the target's attention and MLP."""
+    return {
+        "hidden_size": target.hidden_size,
+        "intermediate_size": target.intermediate_size,
+        "num_hidden_layers": num_layers,
+        "num_attention_heads": target.num_attention_heads,
+        "num_key_value_heads": getattr(target, "num_key_value_heads", None)
+        or target.num_attention_heads,
+        "head_dim": head_dim,
+        "hidden_act": "silu",
+        "rms_norm_eps": target.rms_norm_eps,
+        "attention_bias": False,
+        "tie_word_embeddings": False,
+        "vocab_size": target.vocab_size,
+    }
 
 
 def mirror_target(config: dict[str, Any], target: PretrainedConfig) -> dict[str, Any]:

@@ -8,7 +8,7 @@ from torch import Tensor
 from transformers import AutoTokenizer, PretrainedConfig
 
 from eagle_train.drafts.base import VllmDrafter
-from eagle_train.drafts.common import mirror_target
+from eagle_train.drafts.common import decoder_fields, mirror_target
 from eagle_train.drafts.dflash.config import DFlashConfig
 
 # Target config fields the draft mirrors (RoPE and sizes), copied when present.
@@ -51,18 +51,7 @@ def vllm_config(
     config: dict[str, Any] = {
         "architectures": ["DFlashDraftModel"],
         "model_type": "qwen3",
-        "hidden_size": target.hidden_size,
-        "intermediate_size": target.intermediate_size,
-        "num_hidden_layers": cfg.num_layers,
-        "num_attention_heads": target.num_attention_heads,
-        "num_key_value_heads": getattr(target, "num_key_value_heads", None)
-        or target.num_attention_heads,
-        "head_dim": head_dim,
-        "hidden_act": "silu",
-        "rms_norm_eps": target.rms_norm_eps,
-        "attention_bias": False,
-        "tie_word_embeddings": False,
-        "vocab_size": target.vocab_size,
+        **decoder_fields(target, head_dim, cfg.num_layers),
         "target_hidden_size": target.hidden_size,
         "num_target_layers": target.num_hidden_layers,
         # For people and tools only: vLLM drafts num_speculative_tokens = block_size - 1.

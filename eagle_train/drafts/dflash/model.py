@@ -12,12 +12,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 from transformers import PretrainedConfig
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply_rotary_pos_emb
 
-from eagle_train.drafts.common import RMSNorm
+from eagle_train.drafts.common import MLP, RMSNorm
 from eagle_train.drafts.dflash.attention import block_attention
 from eagle_train.drafts.dflash.blocks import block_positions
 
@@ -88,24 +87,13 @@ class Attention(nn.Module):
         return q
 
 
-class MLP(nn.Module):
-    def __init__(self, s: DFlashShape) -> None:
-        super().__init__()
-        self.gate_proj = nn.Linear(s.hidden_size, s.intermediate_size, bias=False)
-        self.up_proj = nn.Linear(s.hidden_size, s.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(s.intermediate_size, s.hidden_size, bias=False)
-
-    def forward(self, x: Tensor) -> Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
-
-
 class DecoderLayer(nn.Module):
     def __init__(self, s: DFlashShape) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(s.hidden_size, s.rms_norm_eps)
         self.self_attn = Attention(s)
         self.post_attention_layernorm = RMSNorm(s.hidden_size, s.rms_norm_eps)
-        self.mlp = MLP(s)
+        self.mlp = MLP(s.hidden_size, s.intermediate_size)
 
     def forward(
         self, h: Tensor, ctx: Tensor, anchors: Tensor, rope_ctx: tuple[Tensor, Tensor],

@@ -14,7 +14,7 @@ from torch import Tensor
 from transformers import PretrainedConfig
 
 from eagle_train.drafts.base import VllmDrafter
-from eagle_train.drafts.common import mirror_target
+from eagle_train.drafts.common import decoder_fields, mirror_target
 from eagle_train.drafts.eagle1.config import Eagle1Config
 
 
@@ -22,19 +22,8 @@ def vllm_config(cfg: Eagle1Config, target: PretrainedConfig, head_dim: int) -> d
     config: dict[str, Any] = {
         "architectures": ["LlamaForCausalLM"],
         "model_type": "llama",
-        "hidden_size": target.hidden_size,
-        "intermediate_size": target.intermediate_size,
-        "num_hidden_layers": cfg.num_layers,
-        "num_attention_heads": target.num_attention_heads,
-        "num_key_value_heads": getattr(target, "num_key_value_heads", None)
-        or target.num_attention_heads,
-        "head_dim": head_dim,
-        "hidden_act": "silu",
-        "rms_norm_eps": target.rms_norm_eps,
-        "attention_bias": False,
+        **decoder_fields(target, head_dim, cfg.num_layers),
         "mlp_bias": False,
-        "tie_word_embeddings": False,
-        "vocab_size": target.vocab_size,
         "dtype": "bfloat16",
     }
     return mirror_target(config, target)

@@ -31,7 +31,7 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(s.hidden_size, s.rms_norm_eps) if input_norm else None
         self.self_attn = Attention(s, in_size=s.hidden_size)
         self.post_attention_layernorm = RMSNorm(s.hidden_size, s.rms_norm_eps)
-        self.mlp = MLP(s)
+        self.mlp = MLP(s.hidden_size, s.intermediate_size)
 
     def forward(
         self, h: Tensor, rope: tuple[Tensor, Tensor], mask: Tensor | None = None,

@@ -8,7 +8,7 @@ from torch import Tensor
 from transformers import PretrainedConfig
 
 from eagle_train.drafts.base import VllmDrafter
-from eagle_train.drafts.common import mirror_target
+from eagle_train.drafts.common import decoder_fields, mirror_target
 from eagle_train.drafts.eagle3.config import Eagle3Config
 
 
@@ -26,18 +26,7 @@ def vllm_config(
     config: dict[str, Any] = {
         "architectures": ["Qwen3ForCausalLM" if style == "qwen3" else "LlamaForCausalLM"],
         "model_type": style,
-        "hidden_size": target.hidden_size,
-        "intermediate_size": target.intermediate_size,
-        "num_hidden_layers": 1,
-        "num_attention_heads": target.num_attention_heads,
-        "num_key_value_heads": getattr(target, "num_key_value_heads", None)
-        or target.num_attention_heads,
-        "head_dim": head_dim,
-        "hidden_act": "silu",
-        "rms_norm_eps": target.rms_norm_eps,
-        "attention_bias": False,
-        "tie_word_embeddings": False,
-        "vocab_size": target.vocab_size,
+        **decoder_fields(target, head_dim, 1),
         "draft_vocab_size": draft_vocab_size,
         "target_hidden_size": target.hidden_size,
         "eagle_aux_hidden_state_layer_ids": list(layer_ids),

@@ -15,7 +15,7 @@ from torch import Tensor, nn
 from transformers import PretrainedConfig
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply_rotary_pos_emb
 
-from eagle_train.drafts.common import RMSNorm
+from eagle_train.drafts.common import MLP, RMSNorm
 from eagle_train.drafts.eagle3.attention import ttt_attention
 
 
@@ -87,17 +87,6 @@ class Attention(nn.Module):
         return q, k.repeat_interleave(groups, 1), v.repeat_interleave(groups, 1)
 
 
-class MLP(nn.Module):
-    def __init__(self, s: DraftShape) -> None:
-        super().__init__()
-        self.gate_proj = nn.Linear(s.hidden_size, s.intermediate_size, bias=False)
-        self.up_proj = nn.Linear(s.hidden_size, s.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(s.intermediate_size, s.hidden_size, bias=False)
-
-    def forward(self, x: Tensor) -> Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
-
-
 class FusedLayer(nn.Module):
     """EAGLE-3's decoder layer; residual is the incoming hidden (norm_before_residual=false)."""
 
@@ -107,7 +96,7 @@ class FusedLayer(nn.Module):
         self.hidden_norm = RMSNorm(s.hidden_size, s.rms_norm_eps)
         self.self_attn = Attention(s)
         self.post_attention_layernorm = RMSNorm(s.hidden_size, s.rms_norm_eps)
-        self.mlp = MLP(s)
+        self.mlp = MLP(s.hidden_size, s.intermediate_size)
 
 
 @dataclass
