@@ -118,7 +118,8 @@ def train(cfg: RunConfig) -> TrainResult:
     c = build_components(cfg, data, env, resumed.vocab if resumed else None)
     pad_id = c.target.config.pad_token_id or 0
     loader = BatchLoader(data, cfg.data.micro_batch_size, cfg.data.seed, pad_id,
-                         cfg.data.max_length, rank=env.rank, world_size=env.world_size)
+                         cfg.data.max_length, rank=env.rank, world_size=env.world_size,
+                         grad_accum=cfg.train.grad_accum)
     model = wrap_model(c.draft, env, cfg.train.parallel)  # FSDP2 shards c.draft in place
     optimizer = create_optimizer(c.draft, cfg.optim)
     scheduler = build_lr_scheduler(optimizer, cfg.optim, cfg.train.max_steps)

@@ -106,12 +106,14 @@ def test_resume_rules(tiny_world: Path, tiny_llama_data: Path, checkpoints: Path
 def test_ranks_take_interleaved_micro_batches_of_one_stream(tiny_llama_data: Path):
     """W ranks at one micro-step see what one process sees in W accumulation steps."""
     data = PreparedData(tiny_llama_data)
-    single = BatchLoader(data, 3, seed=5, pad_id=0)
+    single = BatchLoader(data, 3, seed=5, pad_id=0, grad_accum=2)
     ranks = [BatchLoader(data, 3, seed=5, pad_id=0, rank=r, world_size=2) for r in range(2)]
-    for _ in range(ranks[0].batches_per_epoch // 2):  # a whole epoch of the ranks
+    assert single.batches_per_epoch == ranks[0].batches_per_epoch
+    for _ in range(ranks[0].batches_per_epoch // 2 + 3):  # across an epoch boundary
         for loader in ranks:
             assert torch.equal(loader.next().input_ids, single.next().input_ids)
-    assert ranks[0].state == ranks[1].state
+    assert ranks[0].state == ranks[1].state == single.state
+    assert single.state.epoch == 1
     again = BatchLoader(data, 3, seed=5, pad_id=0, rank=1, world_size=2)
     again.state = LoaderState(**vars(ranks[1].state))
     assert torch.equal(again.next().input_ids, ranks[1].next().input_ids)

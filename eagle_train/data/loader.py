@@ -3,7 +3,7 @@
 Each epoch is a fresh permutation drawn from ``seed + epoch``, cut into global micro-batches;
 rank r takes micro-batches r, r + W, r + 2W, ... So every rank sees a disjoint shard, and W
 ranks at one micro-step see exactly the micro-batches that one process with
-``grad_accum = W`` sees in one step. The position (epoch, global micro-batches consumed)
+``grad_accum = W`` sees in one step (epochs hold whole steps, so this holds across epochs). The position (epoch, global micro-batches consumed)
 is all a checkpoint needs to continue the same stream.
 """
 
@@ -52,17 +52,22 @@ class BatchLoader:
         rank: int = 0,
         world_size: int = 1,
         shuffle: bool = True,
+        grad_accum: int = 1,
     ) -> None:
-        per_rank = len(data) // batch_size // world_size  # micro-batches per rank per epoch
-        if per_rank < 1:
+        # An epoch is a whole number of optimizer steps (world_size x grad_accum micro-batches
+        # each), so no step straddles two epochs, and W ranks x A accumulation steps see the
+        # same stream as one process with grad_accum = W x A, epoch after epoch.
+        per_step = world_size * grad_accum
+        steps = len(data) // batch_size // per_step
+        if steps < 1:
             raise ValueError(
-                f"{data.path}: {len(data)} rows cannot fill a micro-batch of {batch_size} "
-                f"on each of {world_size} rank(s)"
+                f"{data.path}: {len(data)} rows cannot fill one step of {per_step} micro-batch(es) "
+                f"of {batch_size} ({world_size} rank(s) x grad_accum {grad_accum})"
             )
         self.data, self.batch_size, self.seed = data, batch_size, seed
         self.pad_id, self.max_length = pad_id, max_length
         self.rank, self.world_size, self.shuffle = rank, world_size, shuffle
-        self.batches_per_epoch = per_rank * world_size  # global, a multiple of world_size
+        self.batches_per_epoch = steps * per_step  # global micro-batches
         self.state = LoaderState()
         self._epoch_order: tuple[int, list[int]] | None = None  # (epoch, this rank's order)
 
