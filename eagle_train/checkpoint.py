@@ -130,6 +130,10 @@ def checkpoint_problems(path: Path) -> list[str]:
         state = TrainerState.from_json((path / STATE_FILE).read_text())
     except (ValueError, TypeError, KeyError) as exc:
         return [f"{path / STATE_FILE}: unreadable ({exc})"]
+    required = {DRAFT_FILE, "optimizer.pt", "scheduler.pt", RNG_FILE, "config.yaml"}
+    unlisted = sorted(required - state.files.keys())
+    if unlisted:  # written by an older version, without the manifest exact resume needs
+        return [f"{path}: {STATE_FILE} does not record {', '.join(unlisted)}"]
     problems = []
     for name, expected in state.files.items():
         file = path / name

@@ -84,6 +84,18 @@ def test_corrupt_and_incomplete_checkpoints_are_skipped(checkpoints: Path, tmp_p
     assert find_resumable(tmp_path / "nothing-here") is None
 
 
+def test_a_checkpoint_without_a_manifest_is_not_resumed(checkpoints: Path, tmp_path: Path):
+    """Checkpoints from before exact resume (no file list, no RNG states) are refused."""
+    import json
+
+    root = copy_run(checkpoints, tmp_path)
+    state_file = root / "step-0000006" / "trainer_state.json"
+    state = json.loads(state_file.read_text())
+    state_file.write_text(json.dumps({"step": state["step"], "loader": state["loader"]}))
+    assert "does not record" in checkpoint_problems(root / "step-0000006")[0]
+    assert find_resumable(root) == root / "step-0000004"
+
+
 def test_resume_rules(tiny_world: Path, tiny_llama_data: Path, checkpoints: Path,
                       tmp_path: Path):
     out = tmp_path / "run"
