@@ -167,9 +167,8 @@ def find_resumable(root: Path) -> Path | None:
 
 
 def load_for_resume(path: Path) -> Resumed:
-    problems = checkpoint_problems(path)
-    if problems:
-        raise CheckpointError(f"cannot resume from {path}:\n  " + "\n  ".join(problems))
+    """Read a checkpoint that ``find_resumable`` or ``checkpoint_problems`` passed (hashing
+    every file again on every rank would only repeat that work)."""
     vocab_file = path / VOCAB_FILE
     return Resumed(
         path=path,

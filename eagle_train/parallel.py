@@ -108,21 +108,24 @@ def gradient_sync(model: nn.Module, sync: bool):
 _FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
 
 
-def full_state(
-    model: nn.Module, optimizer: torch.optim.Optimizer
-) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-    """Unsharded model and optimizer state on CPU, keyed by parameter name, whatever the
-    wrapping (so a checkpoint resumes under DDP, FSDP2 or one process alike). A collective
-    under FSDP2: every rank calls it; only rank 0 gets the values."""
-    model_state = get_model_state_dict(model, options=_FULL)
-    return model_state, get_optimizer_state_dict(model, optimizer, options=_FULL)
+def full_model_state(model: nn.Module) -> dict[str, torch.Tensor]:
+    """Unsharded model state on CPU, keyed by parameter name, whatever the wrapping (so a
+    checkpoint resumes under DDP, FSDP2 or one process alike). A collective under FSDP2:
+    every rank calls it; only rank 0 gets the values."""
+    return get_model_state_dict(model, options=_FULL)
+
+
+def full_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    """The optimizer's state in the same form: keyed by parameter name, unsharded, on CPU."""
+    return get_optimizer_state_dict(model, optimizer, options=_FULL)
 
 
 def load_full_state(
     model: nn.Module, optimizer: torch.optim.Optimizer, model_state: dict[str, torch.Tensor],
     optimizer_state: dict[str, Any],
 ) -> None:
-    """The inverse of ``full_state``: every rank passes the same full state. Weights are
+    """The inverse of ``full_model_state`` and ``full_optimizer_state``: every rank passes
+    the same full state. Weights are
     loaded first, so the optimizer's fp32 masters are then restored over them."""
     options = StateDictOptions(full_state_dict=True)
     set_model_state_dict(model, model_state, options=options)

@@ -26,6 +26,7 @@ from eagle_train.checkpoint import (
     TrainerState,
     capture_rng_state,
     checkpoint_name,
+    checkpoint_problems,
     find_resumable,
     load_for_resume,
     restore_rng_state,
@@ -49,7 +50,8 @@ from eagle_train.parallel import (
     all_reduce_sum,
     any_rank,
     barrier,
-    full_state,
+    full_model_state,
+    full_optimizer_state,
     gather_objects,
     gradient_sync,
     init_distributed,
@@ -263,7 +265,7 @@ def _on_nonfinite(cfg: RunConfig, step: int, skipped: int, metrics: dict[str, fl
 def _save(root: Path, model: nn.Module, c: Components, optimizer, scheduler, cfg: RunConfig,
           state: TrainerState, env: DistEnv, keep_last: int) -> None:
     rng_states = gather_objects(capture_rng_state(), env)  # every rank takes part
-    draft_state, optimizer_state = full_state(model, optimizer)
+    draft_state, optimizer_state = full_model_state(model), full_optimizer_state(model, optimizer)
     if env.is_main:
         snapshot = replace(state, loader=replace(state.loader), files={})
         save_checkpoint(root, draft_state, optimizer_state, scheduler, cfg, snapshot,
@@ -274,7 +276,7 @@ def _probe(probe: AcceptanceProbe, step: int, model: nn.Module, c: Components, o
            scheduler, cfg: RunConfig, state: TrainerState, env: DistEnv, metric_log) -> None:
     """Rank 0 serves the current draft in vLLM; the best one is kept under ``best/``."""
     improved = False
-    draft_state, _ = full_state(model, optimizer)
+    draft_state = full_model_state(model)
     if env.is_main:
         accept = probe.measure(step, draft_state)
         metric_log.write("acceptance", step, accept)
@@ -286,7 +288,7 @@ def _probe(probe: AcceptanceProbe, step: int, model: nn.Module, c: Components, o
 
 
 def _resume_point(cfg: RunConfig, out: Path, env: DistEnv) -> Resumed | None:
-    """Rank 0 picks the checkpoint (or none); every rank then reads the same one."""
+    """Rank 0 picks the checkpoint (or none) and verifies it; every rank then reads it."""
     chosen: str | None = None
     if env.is_main:
         root = out / "checkpoints"
@@ -298,6 +300,10 @@ def _resume_point(cfg: RunConfig, out: Path, env: DistEnv) -> Resumed | None:
             if found is None:
                 log.info("resume auto: no checkpoint under %s, starting fresh", root)
         elif cfg.train.resume is not None:
+            problems = checkpoint_problems(Path(cfg.train.resume))
+            if problems:
+                raise CheckpointError(f"cannot resume from {cfg.train.resume}:\n  "
+                                      + "\n  ".join(problems))
             chosen = cfg.train.resume
         elif any(root.glob("step-*")) if root.is_dir() else False:
             raise CheckpointError(
@@ -365,4 +371,7 @@ def _to_device(batch: Batch, device: torch.device) -> Batch:
 
 def _clip(params: list[nn.Parameter], max_norm: float | None) -> float:
     """The global gradient norm (clipped to ``max_norm`` when set)."""
-    return local_value(torch.nn.utils.clip_grad_norm_(params, max_norm or math.inf))
+    if max_norm is None:
+        grads = [p.grad for p in params if p.grad is not None]
+        return local_value(torch.nn.utils.get_total_norm(grads)) if grads else 0.0
+    return local_value(torch.nn.utils.clip_grad_norm_(params, max_norm))

@@ -102,6 +102,10 @@ def test_resume_rules(tiny_world: Path, tiny_llama_data: Path, checkpoints: Path
     copy_run(checkpoints, out)
     with pytest.raises(CheckpointError, match="--resume auto"):
         train(run_config(tiny_world, tiny_llama_data, out))
+    damaged = out / "checkpoints" / "step-0000002" / "scheduler.pt"
+    damaged.write_bytes(b"")
+    with pytest.raises(CheckpointError, match="(?s)cannot resume from .*truncated"):
+        train(run_config(tiny_world, tiny_llama_data, out, f"train.resume={damaged.parent}"))
     with pytest.raises(CheckpointError, match="draft section differs"):
         train(run_config(tiny_world, tiny_llama_data, out, "train.resume=auto",
                          "draft.ttt_steps=2"))

@@ -52,7 +52,7 @@ def test_cli_trains_logs_and_checkpoints(tiny_world: Path, tiny_llama_data: Path
                 "tokens_per_s"):
         assert all(key in r for r in train), key
     assert train[-1]["loss"] < train[0]["loss"]
-    assert 1.0 <= train[-1]["sim_accept_len"] <= 4.0
+    assert train[-1]["sim_accept_len"] > train[0]["sim_accept_len"]  # 1 <= it <= K+1 always
     val = read_metrics(out / "metrics.jsonl", "val")
     assert [r["step"] for r in val] == [6, 12, 18, 24]
     ckpts = sorted(p.name for p in (out / "checkpoints").iterdir())
