@@ -42,15 +42,22 @@ class MLP(nn.Module):
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
+def attention_dims(target: PretrainedConfig) -> tuple[int, int, int]:
+    """(heads, kv heads, head dim) of the target's attention, which every draft mirrors."""
+    heads = target.num_attention_heads
+    kv_heads = getattr(target, "num_key_value_heads", None) or heads
+    return heads, kv_heads, getattr(target, "head_dim", None) or target.hidden_size // heads
+
+
 def decoder_fields(target: PretrainedConfig, head_dim: int, num_layers: int) -> dict[str, Any]:
     """config.json fields of draft decoder layers that mirror the target's attention and MLP."""
+    heads, kv_heads, _ = attention_dims(target)
     return {
         "hidden_size": target.hidden_size,
         "intermediate_size": target.intermediate_size,
         "num_hidden_layers": num_layers,
-        "num_attention_heads": target.num_attention_heads,
-        "num_key_value_heads": getattr(target, "num_key_value_heads", None)
-        or target.num_attention_heads,
+        "num_attention_heads": heads,
+        "num_key_value_heads": kv_heads,
         "head_dim": head_dim,
         "hidden_act": "silu",
         "rms_norm_eps": target.rms_norm_eps,
@@ -58,6 +65,33 @@ def decoder_fields(target: PretrainedConfig, head_dim: int, num_layers: int) -> 
         "tie_word_embeddings": False,
         "vocab_size": target.vocab_size,
     }
+
+
+def layer_tensors(
+    config: dict[str, Any], index: int, *, in_width: int | None = None,
+    input_norm: bool = True, qk_norm: bool = False,
+) -> dict[str, tuple[int, ...]]:
+    """Shapes of decoder layer ``index``'s tensors as vLLM names them (q/k/v and gate/up
+    separate), for a drafter ``config``; ``in_width`` is q/k/v's input width (default H)."""
+    h, d, inter = config["hidden_size"], config["head_dim"], config["intermediate_size"]
+    heads, kv = config["num_attention_heads"], config["num_key_value_heads"]
+    width = in_width or h
+    p = f"layers.{index}."
+    shapes = {p + "input_layernorm.weight": (h,)} if input_norm else {}
+    shapes.update({
+        p + "self_attn.q_proj.weight": (heads * d, width),
+        p + "self_attn.k_proj.weight": (kv * d, width),
+        p + "self_attn.v_proj.weight": (kv * d, width),
+        p + "self_attn.o_proj.weight": (h, heads * d),
+        p + "post_attention_layernorm.weight": (h,),
+        p + "mlp.gate_proj.weight": (inter, h),
+        p + "mlp.up_proj.weight": (inter, h),
+        p + "mlp.down_proj.weight": (h, inter),
+    })
+    if qk_norm:
+        shapes[p + "self_attn.q_norm.weight"] = (d,)
+        shapes[p + "self_attn.k_norm.weight"] = (d,)
+    return shapes
 
 
 def mirror_target(config: dict[str, Any], target: PretrainedConfig) -> dict[str, Any]:

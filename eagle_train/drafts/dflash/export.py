@@ -8,7 +8,7 @@ from torch import Tensor
 from transformers import AutoTokenizer, PretrainedConfig
 
 from eagle_train.drafts.base import VllmDrafter
-from eagle_train.drafts.common import decoder_fields, mirror_target
+from eagle_train.drafts.common import decoder_fields, layer_tensors, mirror_target
 from eagle_train.drafts.dflash.config import DFlashConfig
 
 # Target config fields the draft mirrors (RoPE and sizes), copied when present.
@@ -70,8 +70,6 @@ def expected_tensors(
     and lm_head are the target's (shipping them would be a copy vLLM compares or keeps),
     and ``mask_hidden`` makes vLLM's DFlash loader assert."""
     h, th = config["hidden_size"], config["target_hidden_size"]
-    d, heads, kv = config["head_dim"], config["num_attention_heads"], config["num_key_value_heads"]
-    inter = config["intermediate_size"]
     n = len(config["dflash_config"]["target_layer_ids"])
     shapes: dict[str, tuple[int, ...]] = {
         "fc.weight": (h, n * th),
@@ -79,20 +77,7 @@ def expected_tensors(
         "norm.weight": (h,),
     }
     for i in range(config["num_hidden_layers"]):
-        p = f"layers.{i}."
-        shapes.update({
-            p + "input_layernorm.weight": (h,),
-            p + "self_attn.q_proj.weight": (heads * d, h),
-            p + "self_attn.k_proj.weight": (kv * d, h),
-            p + "self_attn.v_proj.weight": (kv * d, h),
-            p + "self_attn.o_proj.weight": (h, heads * d),
-            p + "self_attn.q_norm.weight": (d,),
-            p + "self_attn.k_norm.weight": (d,),
-            p + "post_attention_layernorm.weight": (h,),
-            p + "mlp.gate_proj.weight": (inter, h),
-            p + "mlp.up_proj.weight": (inter, h),
-            p + "mlp.down_proj.weight": (h, inter),
-        })
+        shapes.update(layer_tensors(config, i, qk_norm=True))
     return shapes, {}
 
 

@@ -16,7 +16,7 @@ from torch import Tensor, nn
 from transformers import PretrainedConfig
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply_rotary_pos_emb
 
-from eagle_train.drafts.common import MLP, RMSNorm
+from eagle_train.drafts.common import MLP, RMSNorm, attention_dims
 from eagle_train.drafts.dflash.attention import block_attention
 from eagle_train.drafts.dflash.blocks import block_positions
 
@@ -42,15 +42,15 @@ class DFlashShape:
         cls, target: PretrainedConfig, num_features: int, num_layers: int, block_size: int,
         mask_token_id: int,
     ) -> DFlashShape:
-        heads = target.num_attention_heads
+        heads, kv_heads, head_dim = attention_dims(target)
         return cls(
             hidden_size=target.hidden_size,
             target_hidden_size=target.hidden_size,
             num_features=num_features,
             num_layers=num_layers,
             num_heads=heads,
-            num_kv_heads=getattr(target, "num_key_value_heads", None) or heads,
-            head_dim=getattr(target, "head_dim", None) or target.hidden_size // heads,
+            num_kv_heads=kv_heads,
+            head_dim=head_dim,
             intermediate_size=target.intermediate_size,
             rms_norm_eps=target.rms_norm_eps,
             block_size=block_size,

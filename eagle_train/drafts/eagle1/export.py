@@ -14,7 +14,7 @@ from torch import Tensor
 from transformers import PretrainedConfig
 
 from eagle_train.drafts.base import VllmDrafter
-from eagle_train.drafts.common import decoder_fields, mirror_target
+from eagle_train.drafts.common import decoder_fields, layer_tensors, mirror_target
 from eagle_train.drafts.eagle1.config import Eagle1Config
 
 
@@ -33,23 +33,11 @@ def expected_tensors(
     config: dict[str, Any],
 ) -> tuple[dict[str, tuple[int, ...]], dict[str, tuple[int, ...]]]:
     """(required, optional) tensor shapes for ``config``."""
-    h, d, inter = config["hidden_size"], config["head_dim"], config["intermediate_size"]
-    heads, kv = config["num_attention_heads"], config["num_key_value_heads"]
+    h = config["hidden_size"]
     shapes: dict[str, tuple[int, ...]] = {"fc.weight": (h, 2 * h)}
     for i in range(config["num_hidden_layers"]):
-        p = f"layers.{i}."
-        if i > 0:  # vLLM replaces layer 0's input_layernorm by identity
-            shapes[p + "input_layernorm.weight"] = (h,)
-        shapes.update({
-            p + "self_attn.q_proj.weight": (heads * d, h),
-            p + "self_attn.k_proj.weight": (kv * d, h),
-            p + "self_attn.v_proj.weight": (kv * d, h),
-            p + "self_attn.o_proj.weight": (h, heads * d),
-            p + "post_attention_layernorm.weight": (h,),
-            p + "mlp.gate_proj.weight": (inter, h),
-            p + "mlp.up_proj.weight": (inter, h),
-            p + "mlp.down_proj.weight": (h, inter),
-        })
+        # vLLM replaces layer 0's input_layernorm by identity
+        shapes.update(layer_tensors(config, i, input_norm=i > 0))
     return shapes, {"embed_tokens.weight": (config["vocab_size"], h)}
 
 

@@ -8,7 +8,7 @@ from torch import Tensor
 from transformers import PretrainedConfig
 
 from eagle_train.drafts.base import VllmDrafter
-from eagle_train.drafts.common import decoder_fields, mirror_target
+from eagle_train.drafts.common import decoder_fields, layer_tensors, mirror_target
 from eagle_train.drafts.eagle3.config import Eagle3Config
 
 
@@ -42,27 +42,15 @@ def expected_tensors(
 ) -> tuple[dict[str, tuple[int, ...]], dict[str, tuple[int, ...]]]:
     """(required, optional) tensor shapes for ``config``."""
     h, th = config["hidden_size"], config["target_hidden_size"]
-    d, heads, kv = config["head_dim"], config["num_attention_heads"], config["num_key_value_heads"]
-    inter, v, vd = config["intermediate_size"], config["vocab_size"], config["draft_vocab_size"]
-    p = "layers.0."
+    v, vd = config["vocab_size"], config["draft_vocab_size"]
     shapes: dict[str, tuple[int, ...]] = {
         "fc.weight": (h, config["num_aux_hidden_states"] * th),
-        p + "input_layernorm.weight": (h,),
-        p + "hidden_norm.weight": (h,),
-        p + "self_attn.q_proj.weight": (heads * d, 2 * h),
-        p + "self_attn.k_proj.weight": (kv * d, 2 * h),
-        p + "self_attn.v_proj.weight": (kv * d, 2 * h),
-        p + "self_attn.o_proj.weight": (h, heads * d),
-        p + "post_attention_layernorm.weight": (h,),
-        p + "mlp.gate_proj.weight": (inter, h),
-        p + "mlp.up_proj.weight": (inter, h),
-        p + "mlp.down_proj.weight": (h, inter),
+        "layers.0.hidden_norm.weight": (h,),
+        # the fused layer: q/k/v over cat(embedding, hidden), 2H wide
+        **layer_tensors(config, 0, in_width=2 * h, qk_norm=config["model_type"] == "qwen3"),
         "norm.weight": (h,),
         "lm_head.weight": (vd, h),
     }
-    if config["model_type"] == "qwen3":
-        shapes[p + "self_attn.q_norm.weight"] = (d,)
-        shapes[p + "self_attn.k_norm.weight"] = (d,)
     if vd != v:  # without d2t vLLM maps draft ids 0..Vd-1 and acceptance collapses
         shapes["d2t"] = (vd,)
     # Absent: vLLM shares the target's embedding; present and different: the draft's own.

@@ -15,7 +15,7 @@ from torch import Tensor, nn
 from transformers import PretrainedConfig
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply_rotary_pos_emb
 
-from eagle_train.drafts.common import MLP, RMSNorm
+from eagle_train.drafts.common import MLP, RMSNorm, attention_dims
 from eagle_train.drafts.eagle3.attention import ttt_attention
 
 
@@ -39,14 +39,14 @@ class DraftShape:
     def from_target(
         cls, target: PretrainedConfig, num_aux: int, draft_vocab_size: int, qk_norm: bool
     ) -> DraftShape:
-        heads = target.num_attention_heads
+        heads, kv_heads, head_dim = attention_dims(target)
         return cls(
             hidden_size=target.hidden_size,
             target_hidden_size=target.hidden_size,
             num_aux=num_aux,
             num_heads=heads,
-            num_kv_heads=getattr(target, "num_key_value_heads", None) or heads,
-            head_dim=getattr(target, "head_dim", None) or target.hidden_size // heads,
+            num_kv_heads=kv_heads,
+            head_dim=head_dim,
             intermediate_size=target.intermediate_size,
             vocab_size=target.vocab_size,
             draft_vocab_size=draft_vocab_size,

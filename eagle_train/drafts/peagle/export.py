@@ -10,6 +10,7 @@ from torch import Tensor
 from transformers import PretrainedConfig
 
 from eagle_train.drafts.base import VllmDrafter
+from eagle_train.drafts.common import layer_tensors
 from eagle_train.drafts.eagle3 import export as eagle3_export
 from eagle_train.drafts.peagle.config import PEagleConfig
 
@@ -30,24 +31,9 @@ def expected_tensors(
     config: dict[str, Any],
 ) -> tuple[dict[str, tuple[int, ...]], dict[str, tuple[int, ...]]]:
     required, _ = eagle3_export.expected_tensors(config)
-    h, d, inter = config["hidden_size"], config["head_dim"], config["intermediate_size"]
-    heads, kv = config["num_attention_heads"], config["num_key_value_heads"]
+    h = config["hidden_size"]
     for i in range(1, config["num_hidden_layers"]):  # ordinary layers: q/k/v over H
-        p = f"layers.{i}."
-        required.update({
-            p + "input_layernorm.weight": (h,),
-            p + "self_attn.q_proj.weight": (heads * d, h),
-            p + "self_attn.k_proj.weight": (kv * d, h),
-            p + "self_attn.v_proj.weight": (kv * d, h),
-            p + "self_attn.o_proj.weight": (h, heads * d),
-            p + "post_attention_layernorm.weight": (h,),
-            p + "mlp.gate_proj.weight": (inter, h),
-            p + "mlp.up_proj.weight": (inter, h),
-            p + "mlp.down_proj.weight": (h, inter),
-        })
-        if config["model_type"] == "qwen3":
-            required[p + "self_attn.q_norm.weight"] = (d,)
-            required[p + "self_attn.k_norm.weight"] = (d,)
+        required.update(layer_tensors(config, i, qk_norm=config["model_type"] == "qwen3"))
     required["mask_hidden"] = (config["num_aux_hidden_states"] * config["target_hidden_size"],)
     required["embed_tokens.weight"] = (config["vocab_size"], h)  # the trained mask row
     return required, {}
