@@ -13,8 +13,8 @@ the same measure just before the first step (target and draft loaded).
 from __future__ import annotations
 
 import argparse
-import resource
-import time
+
+from benchlib import measure_steps
 
 
 def dense_score_bytes(seq: int, anchors: int, block: int, heads: int, layers: int) -> dict:
@@ -76,22 +76,7 @@ def main() -> None:
         optimizer.zero_grad(set_to_none=True)
         return result.weight
 
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-        base = torch.cuda.memory_allocated()
-    else:
-        base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    blocks = step()  # warm-up; also allocates the fp32 masters and moments
-    start = time.perf_counter()
-    for _ in range(args.steps):
-        step()
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-        peak = torch.cuda.max_memory_allocated() - base
-    else:
-        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - base
-    seconds = (time.perf_counter() - start) / args.steps
+    blocks, peak, seconds = measure_steps(step, args.steps, device)
     heads = target.config.num_attention_heads
     dense = dense_score_bytes(args.seq, blocks, args.block, heads, args.num_layers)
     print(f"seq {args.seq}, {blocks} anchors x block {args.block}, {args.num_layers} draft "

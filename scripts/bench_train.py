@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import resource
 import subprocess
 import sys
-import time
+
+from benchlib import measure_steps
 
 
 def run_point(args: argparse.Namespace, seq: int, k: int) -> dict:
@@ -56,24 +56,9 @@ def run_point(args: argparse.Namespace, seq: int, k: int) -> dict:
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-        base = torch.cuda.memory_allocated()
-    else:
-        base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    step()  # warm-up; also allocates the fp32 masters and moments (12 B per draft param)
-    start = time.perf_counter()
-    for _ in range(args.steps):
-        step()
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-        peak = torch.cuda.max_memory_allocated() - base
-    else:
-        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - base
-    seconds = time.perf_counter() - start
-    return {"seq": seq, "K": k, "tokens_per_s": args.batch * seq * args.steps / seconds,
-            "step_s": seconds / args.steps, "peak_extra_MiB": peak / 2**20}
+    _, peak, step_s = measure_steps(step, args.steps, device)
+    return {"seq": seq, "K": k, "tokens_per_s": args.batch * seq / step_s,
+            "step_s": step_s, "peak_extra_MiB": peak / 2**20}
 
 
 def main() -> None:
