@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import argparse
 
-from benchlib import measure_steps
+from benchlib import load_target, measure_steps
 
 
 def dense_score_bytes(seq: int, anchors: int, block: int, heads: int, layers: int) -> dict:
@@ -38,25 +38,14 @@ def main() -> None:
     args = parser.parse_args()
 
     import torch
-    from transformers import AutoModelForCausalLM, Qwen3ForCausalLM
 
-    from eagle_train.config import load_config
-    from eagle_train.demo.build import DemoConfig
-    from eagle_train.demo.targets import target_config
     from eagle_train.drafts.base import Batch
     from eagle_train.drafts.registry import get_draft
     from eagle_train.optim import OptimConfig, create_optimizer
-    from eagle_train.target import FrozenTarget
 
     torch.manual_seed(0)
     device = torch.device(args.device)
-    if args.target:
-        model = AutoModelForCausalLM.from_pretrained(args.target, dtype=torch.bfloat16)
-    else:  # the default demo target's architecture, random weights
-        shape = load_config(DemoConfig, "configs/demo/default.yaml").shape
-        shape = shape.model_copy(update={"max_position_embeddings": max(2048, args.seq + 64)})
-        model = Qwen3ForCausalLM(target_config("qwen3", shape, 2048, 1, 2, 0)).bfloat16()
-    target = FrozenTarget(model.to(device))
+    target = load_target(args.target, "qwen3", device, max_positions=args.seq + 64)
     spec = get_draft("dflash")
     cfg = spec.config_cls(block_size=args.block, num_layers=args.num_layers,
                           target_layer_ids=args.layer_ids, mask_token_id=3,

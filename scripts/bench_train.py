@@ -16,30 +16,20 @@ import json
 import subprocess
 import sys
 
-from benchlib import measure_steps
+from benchlib import load_target, measure_steps
 
 
 def run_point(args: argparse.Namespace, seq: int, k: int) -> dict:
     import torch
-    from transformers import AutoModelForCausalLM, LlamaForCausalLM
 
-    from eagle_train.config import load_config
-    from eagle_train.demo.build import DemoConfig
-    from eagle_train.demo.targets import target_config
     from eagle_train.drafts.base import Batch
     from eagle_train.drafts.eagle3.config import Eagle3Config
     from eagle_train.drafts.registry import get_draft
     from eagle_train.optim import OptimConfig, create_optimizer
-    from eagle_train.target import FrozenTarget
 
     torch.manual_seed(0)
     device = torch.device(args.device)
-    if args.target:
-        model = AutoModelForCausalLM.from_pretrained(args.target, dtype=torch.bfloat16)
-    else:  # the default demo target's architecture, random weights
-        shape = load_config(DemoConfig, "configs/demo/default.yaml").shape
-        model = LlamaForCausalLM(target_config("llama", shape, 2048, 1, 2, 0)).bfloat16()
-    target = FrozenTarget(model.to(device))
+    target = load_target(args.target, "llama", device)
     spec = get_draft("eagle3")
     cfg = Eagle3Config(aux_layer_ids=args.aux_layer_ids, ttt_steps=k)
     draft = spec.build(cfg, target, None).to(device=device, dtype=torch.bfloat16)

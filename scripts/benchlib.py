@@ -9,6 +9,29 @@ from typing import Any
 
 import torch
 
+from eagle_train.target import FrozenTarget
+
+
+def load_target(path: str | None, family: str, device: torch.device,
+                max_positions: int = 2048) -> FrozenTarget:
+    """A bf16 target: ``path`` through from_pretrained, else the default demo target's
+    architecture (``family``) with random weights, covering ``max_positions``."""
+    from transformers import AutoModelForCausalLM, LlamaForCausalLM, Qwen3ForCausalLM
+
+    from eagle_train.config import load_config
+    from eagle_train.demo.build import DemoConfig
+    from eagle_train.demo.targets import target_config
+
+    if path:
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16)
+    else:
+        shape = load_config(DemoConfig, "configs/demo/default.yaml").shape
+        positions = max(shape.max_position_embeddings, max_positions)
+        shape = shape.model_copy(update={"max_position_embeddings": positions})
+        model_cls = LlamaForCausalLM if family == "llama" else Qwen3ForCausalLM
+        model = model_cls(target_config(family, shape, 2048, 1, 2, 0)).bfloat16()
+    return FrozenTarget(model.to(device))
+
 
 def measure_steps(
     step: Callable[[], Any], num_steps: int, device: torch.device
