@@ -160,9 +160,7 @@ def find_resumable(root: Path) -> Path | None:
         log.warning("skipping checkpoint %s: %s", path.name, "; ".join(found))
         problems += found
     if candidates:
-        raise CheckpointError(
-            f"no usable checkpoint under {root}:\n  " + "\n  ".join(problems)
-        )
+        raise CheckpointError(f"no usable checkpoint under {root}:\n  " + "\n  ".join(problems))
     return None
 
 

@@ -54,8 +54,15 @@ def build_demo_world(
         summary = build_demo_world(cfg, out_dir, overwrite=overwrite)
     except (ConfigError, FileExistsError) as exc:
         raise _fail(exc) from None
-    typer.echo(json.dumps({k: summary[k] for k in ("num_train_chats", "num_val_chats",
-                                                    "targets", "build_seconds")}, indent=2))
+    typer.echo(
+        json.dumps(
+            {
+                k: summary[k]
+                for k in ("num_train_chats", "num_val_chats", "targets", "build_seconds")
+            },
+            indent=2,
+        )
+    )
     typer.echo(f"demo world written to {out_dir}")
 
 
@@ -91,9 +98,13 @@ train_draft_app = typer.Typer(add_completion=False, help="Train a draft model.")
 def train_draft(
     config: Annotated[Path, typer.Option("--config", "-c", help="Run config (YAML).")],
     overrides: SetOpt = None,
-    resume: Annotated[str | None, typer.Option(
-        help="'auto': continue from the newest intact checkpoint in the output dir (fresh "
-             "if none); or a checkpoint directory.")] = None,
+    resume: Annotated[
+        str | None,
+        typer.Option(
+            help="'auto': continue from the newest intact checkpoint in the output dir (fresh "
+            "if none); or a checkpoint directory."
+        ),
+    ] = None,
     verbose: bool = False,
 ) -> None:
     """Train a draft on a frozen target: target + data + draft + optim + train sections.
@@ -145,18 +156,23 @@ eval_acceptance_app = typer.Typer(add_completion=False, help="Acceptance length 
 def eval_acceptance(
     target: Annotated[Path, typer.Option(help="The target model directory.")],
     draft: Annotated[list[Path], typer.Option(help="An exported drafter (repeatable).")],
-    prompts: Annotated[str, typer.Option(help="'mt_bench' or a JSONL of prompts/messages.")]
-    = "mt_bench",
+    prompts: Annotated[
+        str, typer.Option(help="'mt_bench' or a JSONL of prompts/messages.")
+    ] = "mt_bench",
     turns: Annotated[int, typer.Option(help="1: first turn; 2: both turns.")] = 2,
     max_new_tokens: int = 256,
-    num_speculative_tokens: Annotated[int | None, typer.Option(
-        help="Default: what each export was trained for.")] = None,
+    num_speculative_tokens: Annotated[
+        int | None, typer.Option(help="Default: what each export was trained for.")
+    ] = None,
     dtype: Annotated[str, typer.Option(help="Explicit serving dtype.")] = "bfloat16",
     limit: Annotated[int | None, typer.Option(help="Use the first N prompts.")] = None,
-    max_model_len: Annotated[int | None, typer.Option(
-        help="Default: the target's own limit.")] = None,
-    kv_cache_memory_bytes: Annotated[int | None, typer.Option(
-        help="vLLM KV cache size; default: vLLM's sizing on GPU, 512 MiB on CPU.")] = None,
+    max_model_len: Annotated[
+        int | None, typer.Option(help="Default: the target's own limit.")
+    ] = None,
+    kv_cache_memory_bytes: Annotated[
+        int | None,
+        typer.Option(help="vLLM KV cache size; default: vLLM's sizing on GPU, 512 MiB on CPU."),
+    ] = None,
     out: Annotated[Path, typer.Option(help="Output directory.")] = Path("runs/eval"),
 ) -> None:
     """Measure acceptance length (MT-Bench by default: greedy, one request at a time) of
@@ -171,9 +187,15 @@ def eval_acceptance(
 
     _setup_logging(False)
     settings = EvalSettings(
-        target=target, drafters=list(draft), prompts=prompts, turns=turns,
-        max_new_tokens=max_new_tokens, num_speculative_tokens=num_speculative_tokens,
-        dtype=dtype, limit=limit, max_model_len=max_model_len,
+        target=target,
+        drafters=list(draft),
+        prompts=prompts,
+        turns=turns,
+        max_new_tokens=max_new_tokens,
+        num_speculative_tokens=num_speculative_tokens,
+        dtype=dtype,
+        limit=limit,
+        max_model_len=max_model_len,
         kv_cache_memory_bytes=kv_cache_memory_bytes,
     )
     try:

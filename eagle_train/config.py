@@ -31,7 +31,9 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     key, sep, raw = text.partition("=")
     key = key.strip()
     if not sep or not key or any(not part for part in key.split(".")):
-        raise ConfigError(f"--set {text!r}: expected KEY=VALUE with a dotted key, e.g. optim.lr=3e-4")
+        raise ConfigError(
+            f"--set {text!r}: expected KEY=VALUE with a dotted key, e.g. optim.lr=3e-4"
+        )
     try:
         value = yaml.safe_load(raw) if raw.strip() else ""
     except yaml.YAMLError as exc:

@@ -41,17 +41,23 @@ def validate_drafter(spec: DraftSpec, drafter: VllmDrafter, target: PretrainedCo
 
 
 def contract_problems(
-    spec: DraftSpec, config: dict[str, Any],
-    tensors: dict[str, tuple[tuple[int, ...], torch.dtype]], target: PretrainedConfig,
+    spec: DraftSpec,
+    config: dict[str, Any],
+    tensors: dict[str, tuple[tuple[int, ...], torch.dtype]],
+    target: PretrainedConfig,
 ) -> list[str]:
     """Every way ``config`` + tensors (name -> (shape, dtype)) break vLLM's contract for the
     given target: missing/unexpected/mis-shaped tensors, vocab or hidden size mismatches."""
     if config.get("vocab_size") != target.vocab_size:
-        return [f"config vocab_size {config.get('vocab_size')} != the target's vocab size "
-                f"{target.vocab_size}: the drafter was made for another target"]
+        return [
+            f"config vocab_size {config.get('vocab_size')} != the target's vocab size "
+            f"{target.vocab_size}: the drafter was made for another target"
+        ]
     if config.get("target_hidden_size", target.hidden_size) != target.hidden_size:
-        return [f"config target_hidden_size {config['target_hidden_size']} != the target's "
-                f"hidden size {target.hidden_size}: the drafter was made for another target"]
+        return [
+            f"config target_hidden_size {config['target_hidden_size']} != the target's "
+            f"hidden size {target.hidden_size}: the drafter was made for another target"
+        ]
     if not config.get("architectures"):
         return ["config has no architectures"]
     try:
@@ -78,8 +84,11 @@ def export_draft(checkpoint: str | Path, out_dir: str | Path, overwrite: bool = 
 
 
 def export_state(
-    state: dict[str, torch.Tensor], cfg: RunConfig, out_dir: str | Path,
-    source: dict[str, Any], overwrite: bool = False,
+    state: dict[str, torch.Tensor],
+    cfg: RunConfig,
+    out_dir: str | Path,
+    source: dict[str, Any],
+    overwrite: bool = False,
 ) -> Path:
     """Validate ``state`` against vLLM's contract, cast to the target dtype, write atomically."""
     out = Path(out_dir)
@@ -90,13 +99,18 @@ def export_state(
     drafter = spec.to_vllm(state, cfg.draft, target)
     validate_drafter(spec, drafter, target)
     dtype = DTYPES[cfg.target.dtype]  # the drafter ships in the target's dtype
-    tensors = {name: (t.to(dtype) if t.is_floating_point() else t).contiguous()
-               for name, t in sorted(drafter.tensors.items())}
+    tensors = {
+        name: (t.to(dtype) if t.is_floating_point() else t).contiguous()
+        for name, t in sorted(drafter.tensors.items())
+    }
     config = {**drafter.config, "dtype": cfg.target.dtype}
     provenance = {
         **source,
-        "serving": {"method": drafter.method, "num_speculative_tokens":
-                    drafter.num_speculative_tokens, **drafter.extra_speculative_config},
+        "serving": {
+            "method": drafter.method,
+            "num_speculative_tokens": drafter.num_speculative_tokens,
+            **drafter.extra_speculative_config,
+        },
         "run_config": cfg.model_dump(mode="json"),
         "versions": versions(),
     }
@@ -104,8 +118,9 @@ def export_state(
     return out
 
 
-def serving_config(drafter_dir: str | Path, num_speculative_tokens: int | None = None
-                   ) -> dict[str, Any]:
+def serving_config(
+    drafter_dir: str | Path, num_speculative_tokens: int | None = None
+) -> dict[str, Any]:
     """vLLM's ``speculative_config`` for an exported drafter (method always explicit)."""
     info = json.loads((Path(drafter_dir) / PROVENANCE_FILE).read_text())["serving"]
     spec = {**info, "model": str(drafter_dir)}
@@ -127,12 +142,23 @@ def versions() -> dict[str, str | None]:
 def git_revision() -> str | None:
     here = Path(__file__).resolve().parent
     try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True,
-                             text=True, timeout=10, check=True)
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"],
+            cwd=here,
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+        )
     except (OSError, subprocess.SubprocessError):
         return None
-    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=here,
-                           capture_output=True, text=True, timeout=10).stdout.strip()
+    dirty = subprocess.run(
+        ["git", "status", "--porcelain", "--untracked-files=no"],
+        cwd=here,
+        capture_output=True,
+        text=True,
+        timeout=10,
+    ).stdout.strip()
     return out.stdout.strip() + ("-dirty" if dirty else "")
 
 

@@ -50,8 +50,9 @@ class MetricLog:
             except ImportError:  # tensorboard is optional for the loop
                 log.warning("tensorboard is not installed; metrics go to %s only", self.path)
             else:
-                self.writer = SummaryWriter(str(out_dir / "tensorboard"),
-                                            purge_step=after_step + 1 if after_step else None)
+                self.writer = SummaryWriter(
+                    str(out_dir / "tensorboard"), purge_step=after_step + 1 if after_step else None
+                )
 
     def write(self, split: str, step: int, metrics: dict[str, float]) -> None:
         with open(self.path, "a") as f:

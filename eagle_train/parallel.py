@@ -121,7 +121,9 @@ def full_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> 
 
 
 def load_full_state(
-    model: nn.Module, optimizer: torch.optim.Optimizer, model_state: dict[str, torch.Tensor],
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    model_state: dict[str, torch.Tensor],
     optimizer_state: dict[str, Any],
 ) -> None:
     """The inverse of ``full_model_state`` and ``full_optimizer_state``: every rank passes
@@ -163,4 +165,3 @@ def gather_objects(obj: Any, env: DistEnv) -> list[Any]:
 def barrier(env: DistEnv) -> None:
     if env.distributed:
         dist.barrier()
-

@@ -91,8 +91,9 @@ class Components:
 def build_components(
     cfg: RunConfig, data: PreparedData, env: DistEnv, vocab: VocabMapping | None = None
 ) -> Components:
-    target = FrozenTarget.from_pretrained(cfg.target.path, DTYPES[cfg.target.dtype],
-                                          str(env.device))
+    target = FrozenTarget.from_pretrained(
+        cfg.target.path, DTYPES[cfg.target.dtype], str(env.device)
+    )
     spec = get_draft(cfg.draft.algorithm)
     layer_ids = spec.target_layer_ids(cfg.draft, target.config)
     vocab = vocab or _draft_vocab(cfg, data, target.config.vocab_size, env)
@@ -119,9 +120,16 @@ def train(cfg: RunConfig) -> TrainResult:
     data = PreparedData(cfg.data.train)
     c = build_components(cfg, data, env, resumed.vocab if resumed else None)
     pad_id = c.target.config.pad_token_id or 0
-    loader = BatchLoader(data, cfg.data.micro_batch_size, cfg.data.seed, pad_id,
-                         cfg.data.max_length, rank=env.rank, world_size=env.world_size,
-                         grad_accum=cfg.train.grad_accum)
+    loader = BatchLoader(
+        data,
+        cfg.data.micro_batch_size,
+        cfg.data.seed,
+        pad_id,
+        cfg.data.max_length,
+        rank=env.rank,
+        world_size=env.world_size,
+        grad_accum=cfg.train.grad_accum,
+    )
     model = wrap_model(c.draft, env, cfg.train.parallel)  # FSDP2 shards c.draft in place
     optimizer = create_optimizer(c.draft, cfg.optim)
     scheduler = build_lr_scheduler(optimizer, cfg.optim, cfg.train.max_steps)
@@ -131,21 +139,33 @@ def train(cfg: RunConfig) -> TrainResult:
     else:
         torch.manual_seed(cfg.train.seed + env.rank)  # per-rank sampling streams
     guard = PrecisionGuard(enabled=cfg.optim.fp32_master_weights)
-    metric_log = MetricLog(out, cfg.train.tensorboard, after_step=state.step) \
-        if env.is_main else None
+    metric_log = (
+        MetricLog(out, cfg.train.tensorboard, after_step=state.step) if env.is_main else None
+    )
     val_batches = _validation_batches(cfg, pad_id)
     probe = AcceptanceProbe(cfg, out)
     probe.best = state.best_acceptance if state.best_acceptance is not None else probe.best
     params = [p for p in c.draft.parameters() if p.requires_grad]
-    log.info("draft %s: %.2fM trainable parameters, target layers %s, %d train rows, "
-             "%d rank(s), starting at step %d", cfg.draft.algorithm,
-             sum(p.numel() for p in params) / 1e6, c.layer_ids, len(data), env.world_size,
-             state.step)
+    log.info(
+        "draft %s: %.2fM trainable parameters, target layers %s, %d train rows, "
+        "%d rank(s), starting at step %d",
+        cfg.draft.algorithm,
+        sum(p.numel() for p in params) / 1e6,
+        c.layer_ids,
+        len(data),
+        env.world_size,
+        state.step,
+    )
 
     c.draft.train()
-    bar = tqdm(range(state.step + 1, cfg.train.max_steps + 1), desc="train", mininterval=1.0,
-               initial=state.step, total=cfg.train.max_steps,
-               disable=not (cfg.train.progress and env.is_main))
+    bar = tqdm(
+        range(state.step + 1, cfg.train.max_steps + 1),
+        desc="train",
+        mininterval=1.0,
+        initial=state.step,
+        total=cfg.train.max_steps,
+        disable=not (cfg.train.progress and env.is_main),
+    )
     window, tokens, t0 = WeightedMean(), 0, time.perf_counter()
     val_metrics: dict[str, float] = {}
     for step in bar:
@@ -170,9 +190,12 @@ def train(cfg: RunConfig) -> TrainResult:
             metrics = _reduce(window, env)
             elapsed = time.perf_counter() - t0
             total_tokens = int(all_reduce_sum(torch.tensor([tokens]), env).item())
-            metrics.update(lr=scheduler.get_last_lr()[0], grad_norm=grad_norm,
-                           tokens_per_s=total_tokens / max(elapsed, 1e-9),
-                           skipped_steps=state.skipped_steps)
+            metrics.update(
+                lr=scheduler.get_last_lr()[0],
+                grad_norm=grad_norm,
+                tokens_per_s=total_tokens / max(elapsed, 1e-9),
+                skipped_steps=state.skipped_steps,
+            )
             if metric_log is not None:
                 metric_log.write("train", step, metrics)
             bar.set_postfix_str(format_metrics(metrics, CONSOLE_KEYS))
@@ -185,8 +208,17 @@ def train(cfg: RunConfig) -> TrainResult:
         if probe.due(step, last):
             _probe(probe, step, model, c, optimizer, scheduler, cfg, state, env, metric_log)
         if step % cfg.train.save_every == 0 or last:
-            _save(out / "checkpoints", model, c, optimizer, scheduler, cfg, state, env,
-                  cfg.train.keep_last)
+            _save(
+                out / "checkpoints",
+                model,
+                c,
+                optimizer,
+                scheduler,
+                cfg,
+                state,
+                env,
+                cfg.train.keep_last,
+            )
     if metric_log is not None:
         metric_log.close()
     barrier(env)  # the last checkpoint exists before any rank returns
@@ -196,8 +228,12 @@ def train(cfg: RunConfig) -> TrainResult:
     shutdown(env)
     checkpoint = out / "checkpoints" / checkpoint_name(cfg.train.max_steps)
     log.info("done: last checkpoint %s, %d skipped step(s)", checkpoint, state.skipped_steps)
-    return TrainResult(output_dir=out, last_checkpoint=checkpoint, final_metrics=val_metrics,
-                       skipped_steps=state.skipped_steps)
+    return TrainResult(
+        output_dir=out,
+        last_checkpoint=checkpoint,
+        final_metrics=val_metrics,
+        skipped_steps=state.skipped_steps,
+    )
 
 
 def _accumulate(model: nn.Module, c: Components, loader: BatchLoader, cfg: RunConfig):
@@ -262,18 +298,46 @@ def _on_nonfinite(cfg: RunConfig, step: int, skipped: int, metrics: dict[str, fl
     log.warning("%s: skipped (%d so far)", what, skipped)
 
 
-def _save(root: Path, model: nn.Module, c: Components, optimizer, scheduler, cfg: RunConfig,
-          state: TrainerState, env: DistEnv, keep_last: int) -> None:
+def _save(
+    root: Path,
+    model: nn.Module,
+    c: Components,
+    optimizer,
+    scheduler,
+    cfg: RunConfig,
+    state: TrainerState,
+    env: DistEnv,
+    keep_last: int,
+) -> None:
     rng_states = gather_objects(capture_rng_state(), env)  # every rank takes part
     draft_state, optimizer_state = full_model_state(model), full_optimizer_state(model, optimizer)
     if env.is_main:
         snapshot = replace(state, loader=replace(state.loader), files={})
-        save_checkpoint(root, draft_state, optimizer_state, scheduler, cfg, snapshot,
-                        rng_states, c.vocab, keep_last)
+        save_checkpoint(
+            root,
+            draft_state,
+            optimizer_state,
+            scheduler,
+            cfg,
+            snapshot,
+            rng_states,
+            c.vocab,
+            keep_last,
+        )
 
 
-def _probe(probe: AcceptanceProbe, step: int, model: nn.Module, c: Components, optimizer,
-           scheduler, cfg: RunConfig, state: TrainerState, env: DistEnv, metric_log) -> None:
+def _probe(
+    probe: AcceptanceProbe,
+    step: int,
+    model: nn.Module,
+    c: Components,
+    optimizer,
+    scheduler,
+    cfg: RunConfig,
+    state: TrainerState,
+    env: DistEnv,
+    metric_log,
+) -> None:
     """Rank 0 serves the current draft in vLLM; the best one is kept under ``best/``."""
     improved = False
     draft_state = full_model_state(model)
@@ -283,8 +347,9 @@ def _probe(probe: AcceptanceProbe, step: int, model: nn.Module, c: Components, o
         improved = probe.improved(accept)
         state.best_acceptance = probe.best
     if any_rank(improved, env):
-        _save(Path(cfg.train.output_dir) / "best", model, c, optimizer, scheduler, cfg, state,
-              env, 1)
+        _save(
+            Path(cfg.train.output_dir) / "best", model, c, optimizer, scheduler, cfg, state, env, 1
+        )
 
 
 def _resume_point(cfg: RunConfig, out: Path, env: DistEnv) -> Resumed | None:
@@ -302,8 +367,9 @@ def _resume_point(cfg: RunConfig, out: Path, env: DistEnv) -> Resumed | None:
         elif cfg.train.resume is not None:
             problems = checkpoint_problems(Path(cfg.train.resume))
             if problems:
-                raise CheckpointError(f"cannot resume from {cfg.train.resume}:\n  "
-                                      + "\n  ".join(problems))
+                raise CheckpointError(
+                    f"cannot resume from {cfg.train.resume}:\n  " + "\n  ".join(problems)
+                )
             chosen = cfg.train.resume
         elif any(root.glob("step-*")) if root.is_dir() else False:
             raise CheckpointError(
@@ -323,8 +389,9 @@ def _resume_point(cfg: RunConfig, out: Path, env: DistEnv) -> Resumed | None:
     return resumed
 
 
-def _restore(resumed: Resumed, model: nn.Module, optimizer, scheduler, loader: BatchLoader,
-             env: DistEnv) -> TrainerState:
+def _restore(
+    resumed: Resumed, model: nn.Module, optimizer, scheduler, loader: BatchLoader, env: DistEnv
+) -> TrainerState:
     load_full_state(model, optimizer, resumed.draft, resumed.optimizer)
     scheduler.load_state_dict(resumed.scheduler)
     state = resumed.state
@@ -332,15 +399,19 @@ def _restore(resumed: Resumed, model: nn.Module, optimizer, scheduler, loader: B
     if state.world_size == env.world_size:
         restore_rng_state(resumed.rng_states[env.rank])
     else:
-        log.warning("resuming %d rank(s) from a %d-rank checkpoint: the data position is "
-                    "kept, but RNG streams are re-seeded, so the run is not bit-exact",
-                    env.world_size, state.world_size)
+        log.warning(
+            "resuming %d rank(s) from a %d-rank checkpoint: the data position is "
+            "kept, but RNG streams are re-seeded, so the run is not bit-exact",
+            env.world_size,
+            state.world_size,
+        )
         torch.manual_seed(resumed.config.train.seed + env.rank + state.step)
     return replace(state, loader=loader.state, world_size=env.world_size, files={})
 
 
-def _draft_vocab(cfg: RunConfig, data: PreparedData, vocab_size: int,
-                 env: DistEnv) -> VocabMapping | None:
+def _draft_vocab(
+    cfg: RunConfig, data: PreparedData, vocab_size: int, env: DistEnv
+) -> VocabMapping | None:
     """The draft vocabulary: prepare-data's, or counted here over all ranks' shards."""
     size = cfg.data.draft_vocab_size
     if size is None:
@@ -350,8 +421,12 @@ def _draft_vocab(cfg: RunConfig, data: PreparedData, vocab_size: int,
     for ids, mask in zip(shard["input_ids"], shard["loss_mask"], strict=True):
         counter.add(ids, mask)
     counts = all_reduce_sum(counter.result(), env)
-    log.info("draft vocabulary: top %d of %d target ids over %d supervised tokens", size,
-             vocab_size, int(counts.sum()))
+    log.info(
+        "draft vocabulary: top %d of %d target ids over %d supervised tokens",
+        size,
+        vocab_size,
+        int(counts.sum()),
+    )
     return build_vocab_mapping(counts, size)
 
 
@@ -359,14 +434,19 @@ def _validation_batches(cfg: RunConfig, pad_id: int) -> list[Batch]:
     if cfg.data.val is None:
         return []
     val = PreparedData(cfg.data.val)
-    loader = BatchLoader(val, cfg.data.micro_batch_size, cfg.data.seed, pad_id,
-                         cfg.data.max_length, shuffle=False)
+    loader = BatchLoader(
+        val, cfg.data.micro_batch_size, cfg.data.seed, pad_id, cfg.data.max_length, shuffle=False
+    )
     return loader.epoch_batches()[: cfg.train.val_batches]
 
 
 def _to_device(batch: Batch, device: torch.device) -> Batch:
-    return Batch(*(t.to(device) for t in (batch.input_ids, batch.loss_mask,
-                                           batch.attention_mask, batch.lengths)))
+    return Batch(
+        *(
+            t.to(device)
+            for t in (batch.input_ids, batch.loss_mask, batch.attention_mask, batch.lengths)
+        )
+    )
 
 
 def _clip(params: list[nn.Parameter], max_norm: float | None) -> float:

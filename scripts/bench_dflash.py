@@ -47,9 +47,13 @@ def main() -> None:
     device = torch.device(args.device)
     target = load_target(args.target, "qwen3", device, max_positions=args.seq + 64)
     spec = get_draft("dflash")
-    cfg = spec.config_cls(block_size=args.block, num_layers=args.num_layers,
-                          target_layer_ids=args.layer_ids, mask_token_id=3,
-                          num_anchors=args.anchors)
+    cfg = spec.config_cls(
+        block_size=args.block,
+        num_layers=args.num_layers,
+        target_layer_ids=args.layer_ids,
+        mask_token_id=3,
+        num_anchors=args.anchors,
+    )
     draft = spec.build(cfg, target, None).to(device=device, dtype=torch.bfloat16)
     optimizer = create_optimizer(draft, OptimConfig(lr=1e-4))
     ids = torch.randint(4, target.config.vocab_size, (1, args.seq), device=device)
@@ -68,12 +72,16 @@ def main() -> None:
     blocks, peak, seconds = measure_steps(step, args.steps, device)
     heads = target.config.num_attention_heads
     dense = dense_score_bytes(args.seq, blocks, args.block, heads, args.num_layers)
-    print(f"seq {args.seq}, {blocks} anchors x block {args.block}, {args.num_layers} draft "
-          f"layer(s), {heads} heads, {args.device}")
+    print(
+        f"seq {args.seq}, {blocks} anchors x block {args.block}, {args.num_layers} draft "
+        f"layer(s), {heads} heads, {args.device}"
+    )
     print(f"measured: peak +{peak / 2**20:.1f} MiB over the loaded models, {seconds:.2f} s/step")
-    print(f"a dense fp32 ({dense['side']})^2 score matrix: {dense['per_head'] / 2**20:.0f} MiB "
-          f"per head, {dense['all'] / 2**30:.2f} GiB for {heads} heads x {args.num_layers} "
-          f"layer(s), before the probabilities and their gradient")
+    print(
+        f"a dense fp32 ({dense['side']})^2 score matrix: {dense['per_head'] / 2**20:.0f} MiB "
+        f"per head, {dense['all'] / 2**30:.2f} GiB for {heads} heads x {args.num_layers} "
+        f"layer(s), before the probabilities and their gradient"
+    )
 
 
 if __name__ == "__main__":

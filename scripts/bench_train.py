@@ -47,8 +47,13 @@ def run_point(args: argparse.Namespace, seq: int, k: int) -> dict:
         optimizer.zero_grad(set_to_none=True)
 
     _, peak, step_s = measure_steps(step, args.steps, device)
-    return {"seq": seq, "K": k, "tokens_per_s": args.batch * seq / step_s,
-            "step_s": step_s, "peak_extra_MiB": peak / 2**20}
+    return {
+        "seq": seq,
+        "K": k,
+        "tokens_per_s": args.batch * seq / step_s,
+        "step_s": step_s,
+        "peak_extra_MiB": peak / 2**20,
+    }
 
 
 def main() -> None:
@@ -70,20 +75,29 @@ def main() -> None:
     rows = []
     for seq in args.seqs:
         for k in args.ks:
-            out = subprocess.run([sys.executable, __file__, *passthrough, "--point", str(seq),
-                                  str(k)], capture_output=True, text=True, check=True)
+            out = subprocess.run(
+                [sys.executable, __file__, *passthrough, "--point", str(seq), str(k)],
+                capture_output=True,
+                text=True,
+                check=True,
+            )
             rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
-            print(f"seq {seq:5d}  K {k}  {rows[-1]['tokens_per_s']:9.0f} tok/s  "
-                  f"step {rows[-1]['step_s']:.3f}s  peak +{rows[-1]['peak_extra_MiB']:.1f} MiB",
-                  flush=True)
+            print(
+                f"seq {seq:5d}  K {k}  {rows[-1]['tokens_per_s']:9.0f} tok/s  "
+                f"step {rows[-1]['step_s']:.3f}s  peak +{rows[-1]['peak_extra_MiB']:.1f} MiB",
+                flush=True,
+            )
     print("\nmemory growth per extra TTT step (MiB), from the K points:")
     for seq in args.seqs:
         pts = sorted((r["K"], r["peak_extra_MiB"]) for r in rows if r["seq"] == seq)
         slopes = [(b[1] - a[1]) / (b[0] - a[0]) for a, b in zip(pts, pts[1:], strict=False)]
-        print(f"  seq {seq}: " + ", ".join(f"K {a[0]}->{b[0]}: {s:.1f}"
-                                           for (a, b), s in zip(zip(pts, pts[1:],
-                                                                    strict=False), slopes,
-                                                                strict=True)))
+        print(
+            f"  seq {seq}: "
+            + ", ".join(
+                f"K {a[0]}->{b[0]}: {s:.1f}"
+                for (a, b), s in zip(zip(pts, pts[1:], strict=False), slopes, strict=True)
+            )
+        )
 
 
 if __name__ == "__main__":

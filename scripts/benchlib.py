@@ -12,8 +12,9 @@ import torch
 from eagle_train.target import FrozenTarget
 
 
-def load_target(path: str | None, family: str, device: torch.device,
-                max_positions: int = 2048) -> FrozenTarget:
+def load_target(
+    path: str | None, family: str, device: torch.device, max_positions: int = 2048
+) -> FrozenTarget:
     """A bf16 target: ``path`` through from_pretrained, else the default demo target's
     architecture (``family``) with random weights, covering ``max_positions``."""
     from transformers import AutoModelForCausalLM, LlamaForCausalLM, Qwen3ForCausalLM

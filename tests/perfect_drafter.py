@@ -76,8 +76,9 @@ def _tokenizer() -> PreTrainedTokenizerFast:
     vocab.update({f"t{i}": i for i in range(len(specials), VOCAB)})
     tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token="<s>",
-                                   eos_token="</s>")
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok, unk_token="<unk>", bos_token="<s>", eos_token="</s>"
+    )
 
 
 def build_identity_target(out_dir: str | Path, seed: int = 0) -> Path:
@@ -85,10 +86,18 @@ def build_identity_target(out_dir: str | Path, seed: int = 0) -> Path:
     out = Path(out_dir)
     gen = torch.Generator().manual_seed(seed)
     config = LlamaConfig(
-        vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=INTERMEDIATE,
-        num_hidden_layers=LAYERS, num_attention_heads=HEADS, num_key_value_heads=HEADS,
-        max_position_embeddings=MAX_POSITIONS, tie_word_embeddings=False,
-        bos_token_id=1, eos_token_id=2, pad_token_id=0, dtype="float32",
+        vocab_size=VOCAB,
+        hidden_size=HIDDEN,
+        intermediate_size=INTERMEDIATE,
+        num_hidden_layers=LAYERS,
+        num_attention_heads=HEADS,
+        num_key_value_heads=HEADS,
+        max_position_embeddings=MAX_POSITIONS,
+        tie_word_embeddings=False,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=0,
+        dtype="float32",
     )
     with torch.random.fork_rng():  # seeded init without touching the caller's RNG
         torch.manual_seed(seed)
@@ -131,14 +140,21 @@ def next_token_table(target_dir: str | Path) -> list[int]:
     """The target's greedy next token for every token id."""
     model = LlamaForCausalLM.from_pretrained(target_dir, dtype=torch.float32).eval()
     with torch.no_grad():
-        return model(torch.arange(model.config.vocab_size)[:, None]).logits[:, 0].argmax(-1).tolist()
+        return (
+            model(torch.arange(model.config.vocab_size)[:, None]).logits[:, 0].argmax(-1).tolist()
+        )
 
 
 def _draft_config(target_dir: Path) -> tuple[AutoConfig, dict]:
     target = AutoConfig.from_pretrained(target_dir)
     head_dim = getattr(target, "head_dim", None) or target.hidden_size // target.num_attention_heads
-    config = vllm_config(Eagle3Config(aux_layer_ids=AUX_LAYER_IDS), target, AUX_LAYER_IDS,
-                         target.vocab_size, head_dim)
+    config = vllm_config(
+        Eagle3Config(aux_layer_ids=AUX_LAYER_IDS),
+        target,
+        AUX_LAYER_IDS,
+        target.vocab_size,
+        head_dim,
+    )
     config["dtype"] = "float32"
     return target, config
 
@@ -166,15 +182,16 @@ def _self_attention_q(config: dict, target, const: float) -> torch.Tensor:
     freqs = theta ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)
     weight = torch.zeros(d // 2, dtype=torch.float64)
     weight[:SELF_PAIRS] = 1.0
-    dist = torch.arange(1, config.get("max_position_embeddings", MAX_POSITIONS) + 1,
-                        dtype=torch.float64)
+    dist = torch.arange(
+        1, config.get("max_position_embeddings", MAX_POSITIONS) + 1, dtype=torch.float64
+    )
     gap = (weight[:, None] * (1 - torch.cos(freqs[:, None] * dist[None]))).sum(0).min()
     # score(t, s) = |c_pair|^2 * sum_i w_i cos(theta_i (t-s)) / sqrt(d); per pair both
     # entries hold the value a: |c_pair|^2 = 2 a^2.
     a = math.sqrt(MIN_SCORE_GAP * math.sqrt(d) / (2 * float(gap)))
     q = torch.zeros(d, dtype=torch.float64)
     q[:SELF_PAIRS] = a
-    q[d // 2: d // 2 + SELF_PAIRS] = a
+    q[d // 2 : d // 2 + SELF_PAIRS] = a
     return q / const  # weight on the constant input dim
 
 
@@ -188,8 +205,9 @@ def build_perfect_eagle3(target_dir: str | Path, out_dir: str | Path, k: int) ->
     normed = embed * torch.rsqrt(embed.pow(2).mean(-1, keepdim=True) + eps)
     const = normed[:, CONST_DIM]
     if float(const.max() - const.min()) > 1e-6 or float(const.abs().min()) < 1e-3:
-        raise ValueError("the target's embeddings lack a constant component (not an "
-                         "identity target?)")
+        raise ValueError(
+            "the target's embeddings lack a constant component (not an identity target?)"
+        )
     shapes, _ = expected_tensors(config)
     t = {name: torch.zeros(shape) for name, shape in shapes.items()}
     p = "layers.0.self_attn."
@@ -206,16 +224,16 @@ def build_perfect_eagle3(target_dir: str | Path, out_dir: str | Path, k: int) ->
         t[f"layers.0.{name}.weight"] = torch.ones(h)
     gen = torch.Generator().manual_seed(0)  # gate/up are irrelevant (down_proj = 0)
     for name in ("gate_proj", "up_proj"):
-        t[f"layers.0.mlp.{name}.weight"] = 0.02 * torch.randn(shapes[f"layers.0.mlp.{name}.weight"],
-                                                              generator=gen)
+        t[f"layers.0.mlp.{name}.weight"] = 0.02 * torch.randn(
+            shapes[f"layers.0.mlp.{name}.weight"], generator=gen
+        )
     t["norm.weight"] = model.model.norm.weight.detach().clone()
     t["lm_head.weight"] = model.lm_head.weight.detach().clone()
     drafter = VllmDrafter(config=config, tensors=t, method="eagle3", num_speculative_tokens=k)
     return _write(drafter, target, out_dir)
 
 
-def build_random_eagle3(target_dir: str | Path, out_dir: str | Path, k: int, seed: int = 0
-                        ) -> Path:
+def build_random_eagle3(target_dir: str | Path, out_dir: str | Path, k: int, seed: int = 0) -> Path:
     """A random-init EAGLE-3 drafter of the same shape (acceptance length ~1)."""
     target, config = _draft_config(Path(target_dir))
     shapes, _ = expected_tensors(config)
@@ -240,8 +258,9 @@ def build_perfect_eagle1(target_dir: str | Path, out_dir: str | Path, k: int) ->
     shapes, _ = eagle1_tensors(config)
     gen = torch.Generator().manual_seed(0)  # q/k/v/gate/up are irrelevant (outputs zeroed)
     t = {name: 0.02 * torch.randn(shape, generator=gen) for name, shape in shapes.items()}
-    t["fc.weight"] = torch.cat([torch.diag(model.model.norm.weight.detach()),
-                                torch.zeros(h, h)], dim=1)
+    t["fc.weight"] = torch.cat(
+        [torch.diag(model.model.norm.weight.detach()), torch.zeros(h, h)], dim=1
+    )
     t["layers.0.self_attn.o_proj.weight"] = torch.zeros(h, h)
     t["layers.0.mlp.down_proj.weight"] = torch.zeros(shapes["layers.0.mlp.down_proj.weight"])
     t["layers.0.post_attention_layernorm.weight"] = torch.ones(h)

@@ -26,11 +26,21 @@ CONFIG = REPO / "configs" / "train" / "eagle3-llama-demo.yaml"
 
 
 def run_config(world: Path, data: Path, out: Path, *extra: str) -> RunConfig:
-    sets = [f"target.path={world / 'targets' / 'llama' / 'bf16'}", f"data.train={data}",
-            "data.val=null", "data.micro_batch_size=2", "data.max_length=48",
-            "draft.ttt_steps=1", "train.max_steps=6", "train.save_every=2", "train.keep_last=3",
-            "train.progress=false", "train.tensorboard=false", f"train.output_dir={out}",
-            *extra]
+    sets = [
+        f"target.path={world / 'targets' / 'llama' / 'bf16'}",
+        f"data.train={data}",
+        "data.val=null",
+        "data.micro_batch_size=2",
+        "data.max_length=48",
+        "draft.ttt_steps=1",
+        "train.max_steps=6",
+        "train.save_every=2",
+        "train.keep_last=3",
+        "train.progress=false",
+        "train.tensorboard=false",
+        f"train.output_dir={out}",
+        *extra,
+    ]
     return load_config(RunConfig, CONFIG, sets)
 
 
@@ -49,7 +59,10 @@ def copy_run(checkpoints: Path, tmp_path: Path) -> Path:
 
 def test_intact_checkpoints_have_no_problems(checkpoints: Path):
     assert sorted(p.name for p in checkpoints.iterdir()) == [
-        "step-0000002", "step-0000004", "step-0000006"]
+        "step-0000002",
+        "step-0000004",
+        "step-0000006",
+    ]
     assert all(checkpoint_problems(p) == [] for p in checkpoints.iterdir())
     assert find_resumable(checkpoints) == checkpoints / "step-0000006"
 
@@ -96,8 +109,7 @@ def test_a_checkpoint_without_a_manifest_is_not_resumed(checkpoints: Path, tmp_p
     assert find_resumable(root) == root / "step-0000004"
 
 
-def test_resume_rules(tiny_world: Path, tiny_llama_data: Path, checkpoints: Path,
-                      tmp_path: Path):
+def test_resume_rules(tiny_world: Path, tiny_llama_data: Path, checkpoints: Path, tmp_path: Path):
     out = tmp_path / "run"
     copy_run(checkpoints, out)
     with pytest.raises(CheckpointError, match="--resume auto"):
@@ -107,15 +119,20 @@ def test_resume_rules(tiny_world: Path, tiny_llama_data: Path, checkpoints: Path
     with pytest.raises(CheckpointError, match="(?s)cannot resume from .*truncated"):
         train(run_config(tiny_world, tiny_llama_data, out, f"train.resume={damaged.parent}"))
     with pytest.raises(CheckpointError, match="draft section differs"):
-        train(run_config(tiny_world, tiny_llama_data, out, "train.resume=auto",
-                         "draft.ttt_steps=2"))
+        train(
+            run_config(tiny_world, tiny_llama_data, out, "train.resume=auto", "draft.ttt_steps=2")
+        )
     # Extending a finished run: resume from step 6 and go on to 8.
-    result = train(run_config(tiny_world, tiny_llama_data, out, "train.resume=auto",
-                              "train.max_steps=8"))
+    result = train(
+        run_config(tiny_world, tiny_llama_data, out, "train.resume=auto", "train.max_steps=8")
+    )
     assert result.last_checkpoint == out / "checkpoints" / "step-0000008"
     # auto with nothing to resume starts fresh.
-    fresh = train(run_config(tiny_world, tiny_llama_data, tmp_path / "new", "train.resume=auto",
-                             "train.max_steps=2"))
+    fresh = train(
+        run_config(
+            tiny_world, tiny_llama_data, tmp_path / "new", "train.resume=auto", "train.max_steps=2"
+        )
+    )
     assert fresh.last_checkpoint.is_dir()
 
 

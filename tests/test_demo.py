@@ -103,12 +103,20 @@ def test_prepare_data_regenerates_demo_answers_with_the_target(tiny_world: Path,
 
     target = target_dir(tiny_world, "llama", "fp32")
     out = tmp_path / "prepared"
-    cfg = load_config(PrepareDataConfig, None, [
-        f"inputs=[{tiny_world / 'data' / 'val.jsonl'}]", f"output_dir={out}",
-        f"tokenizer={target}", "limit=4", "regenerate.enabled=true",
-        "regenerate.backend=transformers", "regenerate.dtype=float32",
-        "regenerate.max_new_tokens=24",
-    ])
+    cfg = load_config(
+        PrepareDataConfig,
+        None,
+        [
+            f"inputs=[{tiny_world / 'data' / 'val.jsonl'}]",
+            f"output_dir={out}",
+            f"tokenizer={target}",
+            "limit=4",
+            "regenerate.enabled=true",
+            "regenerate.backend=transformers",
+            "regenerate.dtype=float32",
+            "regenerate.max_new_tokens=24",
+        ],
+    )
     report = prepare_data(cfg)
     assert report.num_examples == 4
     tok = AutoTokenizer.from_pretrained(target)
@@ -116,11 +124,16 @@ def test_prepare_data_regenerates_demo_answers_with_the_target(tiny_world: Path,
     chats = read_jsonl(tiny_world / "data" / "val.jsonl")[:4]
     rows = load_prepared(out)
     for chat, row in zip(chats, rows, strict=True):
-        prompt = tok.apply_chat_template(chat["messages"][:1], add_generation_prompt=True,
-                                         tokenize=True, return_dict=True)["input_ids"]
+        prompt = tok.apply_chat_template(
+            chat["messages"][:1], add_generation_prompt=True, tokenize=True, return_dict=True
+        )["input_ids"]
         with torch.no_grad():
-            gen = model.generate(torch.tensor([prompt]), max_new_tokens=24, do_sample=False,
-                                 pad_token_id=tok.pad_token_id)[0, len(prompt):].tolist()
+            gen = model.generate(
+                torch.tensor([prompt]),
+                max_new_tokens=24,
+                do_sample=False,
+                pad_token_id=tok.pad_token_id,
+            )[0, len(prompt) :].tolist()
         if tok.eos_token_id in gen:  # the answer ends at (and includes) the end of turn
             gen = gen[: gen.index(tok.eos_token_id) + 1]
         ids, mask = row["input_ids"], row["loss_mask"]

@@ -109,16 +109,25 @@ def test_block_attention_matches_dense_mask_forward_and_backward() -> None:
 
 
 def tiny_target(mask_in_vocab: bool = True) -> FrozenTarget:
-    config = Qwen3Config(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=4,
-                         num_attention_heads=2, num_key_value_heads=1, head_dim=16,
-                         max_position_embeddings=128, tie_word_embeddings=False)
+    config = Qwen3Config(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=4,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=16,
+        max_position_embeddings=128,
+        tie_word_embeddings=False,
+    )
     torch.manual_seed(0)
     return FrozenTarget(Qwen3ForCausalLM(config).float())
 
 
 def build(target: FrozenTarget, **kw):
-    cfg = DFlashConfig(target_layer_ids=[0, 1, 2], num_layers=2, block_size=4, mask_token_id=MASK,
-                       **kw)
+    cfg = DFlashConfig(
+        target_layer_ids=[0, 1, 2], num_layers=2, block_size=4, mask_token_id=MASK, **kw
+    )
     torch.manual_seed(1)
     draft = SPEC.build(cfg, target, None)
     with torch.no_grad():  # norms away from 1 so that every weight matters
@@ -156,8 +165,9 @@ def test_many_blocks_in_one_forward_equal_one_block_at_a_time() -> None:
     with torch.no_grad():
         got = draft(aux, ids, anchors)[0]
         for m, a in enumerate(anchors[0].tolist()):
-            torch.testing.assert_close(got[m], one_block_reference(draft, aux, ids, a),
-                                       rtol=1e-4, atol=1e-4)
+            torch.testing.assert_close(
+                got[m], one_block_reference(draft, aux, ids, a), rtol=1e-4, atol=1e-4
+            )
 
 
 def test_propose_is_the_block_anchored_at_the_next_token() -> None:
@@ -179,7 +189,8 @@ def test_valid_anchors_need_a_full_supervised_block() -> None:
     loss_mask = torch.tensor([[0, 0, 1, 1, 1, 1, 0, 1, 1, 1]])
     # B=3: a needs loss_mask[a+1], loss_mask[a+2] and a+2 < length (9: last is padding)
     assert valid_anchors(loss_mask, torch.tensor([9]), 3).int().tolist() == [
-        [0, 1, 1, 1, 0, 0, 1, 0, 0, 0]]
+        [0, 1, 1, 1, 0, 0, 1, 0, 0, 0]
+    ]
 
 
 def test_sample_anchors_valid_bounded_resampled_and_seeded() -> None:
@@ -221,8 +232,9 @@ def test_loss_alignment(loss_target: str) -> None:
     logits = torch.randn(1, 2, 2, 5, generator=g)  # 2 blocks of B=3: slots 1, 2
     anchors, valid = torch.tensor([[2, 0]]), torch.tensor([[True, False]])
     weights = torch.tensor([1.0, 0.5])
-    stats = dflash_loss(logits, lambda h: h, ids, target_logits, anchors, valid, weights,
-                        loss_target)
+    stats = dflash_loss(
+        logits, lambda h: h, ids, target_logits, anchors, valid, weights, loss_target
+    )
     per = []
     for k in (1, 2):  # slot k of the block at 2 predicts x_{2+k}; target logits at 2+k-1
         logq = torch.log_softmax(logits[0, 0, k - 1], -1)
@@ -232,7 +244,8 @@ def test_loss_alignment(loss_target: str) -> None:
             per.append(-(torch.softmax(target_logits[0, 1 + k], -1) * logq).sum())
     assert stats.loss.item() == pytest.approx(((per[0] + 0.5 * per[1]) / 1.5).item(), rel=1e-6)
     assert stats.correct[0, 0].tolist() == [
-        bool(logits[0, 0, k - 1].argmax() == target_logits[0, 1 + k].argmax()) for k in (1, 2)]
+        bool(logits[0, 0, k - 1].argmax() == target_logits[0, 1 + k].argmax()) for k in (1, 2)
+    ]
 
 
 @pytest.mark.parametrize("loss_target", ["hard", "distill"])
@@ -245,8 +258,9 @@ def test_chunked_head_equals_a_plain_loss(loss_target: str) -> None:
     anchors = torch.tensor([[1, 3, 5, 8], [2, 6, 0, 0]])
     valid = torch.tensor([[1, 1, 1, 1], [1, 1, 0, 0]]).bool()
     weights = torch.tensor([1.0, 0.7, 0.4])
-    got = dflash_loss(hidden, head, ids, target_logits, anchors, valid, weights, loss_target,
-                      chunk_bytes=1)  # one block per chunk, each recomputed in backward
+    got = dflash_loss(
+        hidden, head, ids, target_logits, anchors, valid, weights, loss_target, chunk_bytes=1
+    )  # one block per chunk, each recomputed in backward
     # plain: all logits at once, one term per (real block, slot)
     logq = torch.log_softmax(head(hidden), -1)
     terms, total_w = [], 0.0
@@ -261,8 +275,11 @@ def test_chunked_head_equals_a_plain_loss(loss_target: str) -> None:
             total_w += float(weights[k - 1])
     ref = torch.stack(terms).sum() / total_w
     torch.testing.assert_close(got.loss, ref)
-    for a, r in zip(torch.autograd.grad(got.loss, [hidden, head.weight]),
-                    torch.autograd.grad(ref, [hidden, head.weight]), strict=True):
+    for a, r in zip(
+        torch.autograd.grad(got.loss, [hidden, head.weight]),
+        torch.autograd.grad(ref, [hidden, head.weight]),
+        strict=True,
+    ):
         torch.testing.assert_close(a, r)
 
 

@@ -44,7 +44,10 @@ def test_served_in_vllm_lossless_and_accepting(trained: dict, tiny_world: Path) 
     family = trained["family"]
     assert trained["cfg"].draft.block_size == BLOCK
     assert serving_config(trained["drafter"]) == {
-        "method": "dflash", "num_speculative_tokens": BLOCK - 1, "model": str(trained["drafter"])}
+        "method": "dflash",
+        "num_speculative_tokens": BLOCK - 1,
+        "model": str(trained["drafter"]),
+    }
     config = json.loads((trained["drafter"] / "config.json").read_text())
     assert config["architectures"] == ["DFlashDraftModel"] and config["block_size"] == BLOCK
     fp32_target = tiny_world / "targets" / family / "fp32"
@@ -62,8 +65,10 @@ def test_served_in_vllm_lossless_and_accepting(trained: dict, tiny_world: Path) 
     draft = spec.build(cfg.draft, target, None)
     draft.load_state_dict(state)  # the bf16 weights vLLM serves, upcast like vLLM does
     offline = estimate_acceptance(spec, draft, cfg.draft, target, prompts, baseline, BLOCK - 1)
-    print(f"{family}: vLLM AL {al_trained:.3f} (random {al_random:.3f}), "
-          f"offline {offline.acceptance_length:.3f}")
+    print(
+        f"{family}: vLLM AL {al_trained:.3f} (random {al_random:.3f}), "
+        f"offline {offline.acceptance_length:.3f}"
+    )
     assert abs(offline.acceptance_length - al_trained) <= 0.1
 
 
@@ -78,8 +83,9 @@ def two_layer_state(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return out
 
 
-def test_two_layer_draft_matches_the_offline_estimate(trained: dict, tiny_world: Path,
-                                                      tmp_path: Path) -> None:
+def test_two_layer_draft_matches_the_offline_estimate(
+    trained: dict, tiny_world: Path, tmp_path: Path
+) -> None:
     family = trained["family"]
     cfg, state, _ = load_draft_checkpoint(trained["checkpoint"])
     cfg = cfg.model_copy(update={"draft": cfg.draft.model_copy(update={"num_layers": 2})})
@@ -101,8 +107,10 @@ def test_two_layer_draft_matches_the_offline_estimate(trained: dict, tiny_world:
     one.load_state_dict(one_state)
     seq = torch.tensor([prompts[0] + baseline[0]])
     features = target.features(seq, None, spec.target_layer_ids(cfg.draft, target.config))
-    assert not torch.equal(spec.propose(draft, features, seq, cfg.draft, BLOCK - 1),
-                           spec.propose(one, features, seq, one_cfg.draft, BLOCK - 1))
+    assert not torch.equal(
+        spec.propose(draft, features, seq, cfg.draft, BLOCK - 1),
+        spec.propose(one, features, seq, one_cfg.draft, BLOCK - 1),
+    )
     print(f"{family} two layers: vLLM AL {al:.3f}, offline {offline.acceptance_length:.3f}")
     assert al > 1.3  # the copied layer keeps the draft useful: the comparison means something
     assert abs(offline.acceptance_length - al) <= 0.1

@@ -30,15 +30,32 @@ STEPS, SAVE_EVERY, KILL_AFTER = 24, 4, 8
 VOCAB = 64  # counted by the trainer over all ranks' shards
 
 
-def train_args(world: Path, data: Path, out: Path, micro_batch: int, accum: int,
-               parallel: str = "ddp", algorithm: str = "eagle3") -> list[str]:
-    sets = [f"train.parallel={parallel}",
-        f"target.path={world / 'targets' / 'llama' / 'bf16'}", f"data.train={data}",
-        "data.val=null", f"data.micro_batch_size={micro_batch}", "data.max_length=64",
-        f"data.draft_vocab_size={VOCAB}", f"train.max_steps={STEPS}",
-        f"train.grad_accum={accum}", "train.log_every=1", f"train.save_every={SAVE_EVERY}",
-        "train.keep_last=3", "train.progress=false", "train.tensorboard=false",
-        "optim.warmup_steps=2", f"train.output_dir={out}",
+def train_args(
+    world: Path,
+    data: Path,
+    out: Path,
+    micro_batch: int,
+    accum: int,
+    parallel: str = "ddp",
+    algorithm: str = "eagle3",
+) -> list[str]:
+    sets = [
+        f"train.parallel={parallel}",
+        f"target.path={world / 'targets' / 'llama' / 'bf16'}",
+        f"data.train={data}",
+        "data.val=null",
+        f"data.micro_batch_size={micro_batch}",
+        "data.max_length=64",
+        f"data.draft_vocab_size={VOCAB}",
+        f"train.max_steps={STEPS}",
+        f"train.grad_accum={accum}",
+        "train.log_every=1",
+        f"train.save_every={SAVE_EVERY}",
+        "train.keep_last=3",
+        "train.progress=false",
+        "train.tensorboard=false",
+        "optim.warmup_steps=2",
+        f"train.output_dir={out}",
     ]
     # EAGLE-3 uses no randomness in training; DFlash samples anchors every step, so its
     # bitwise resume also proves every rank's RNG state is restored.
@@ -54,11 +71,25 @@ def launch(args: list[str], nproc: int, pid_dir: Path, **env: str) -> subprocess
     if nproc == 1:
         cmd = [sys.executable, str(WORKER), *args]
     else:
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-               f"--nproc-per-node={nproc}", str(WORKER), *args]
+        cmd = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            f"--nproc-per-node={nproc}",
+            str(WORKER),
+            *args,
+        ]
     full_env = {**os.environ, "OMP_NUM_THREADS": "1", "EAGLE_TEST_PID_DIR": str(pid_dir), **env}
-    return subprocess.Popen(cmd, env=full_env, cwd=REPO, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    return subprocess.Popen(
+        cmd,
+        env=full_env,
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
 
 
 def finish(proc: subprocess.Popen, timeout: float = 300) -> str:
@@ -120,8 +151,7 @@ def runs(tiny_world: Path, tiny_llama_data: Path, tmp_path_factory) -> dict[str,
     root = tmp_path_factory.mktemp("dist")
     ddp = launch(train_args(tiny_world, tiny_llama_data, root / "ddp", 1, 1), 2, root / "p1")
     finish(ddp)
-    single = launch(train_args(tiny_world, tiny_llama_data, root / "single", 1, 2), 1,
-                    root / "p2")
+    single = launch(train_args(tiny_world, tiny_llama_data, root / "single", 1, 2), 1, root / "p2")
     finish(single)
     return {"root": root, "ddp": root / "ddp", "single": root / "single"}
 
@@ -143,8 +173,13 @@ def test_two_rank_ddp_matches_one_process_with_the_same_global_batch(runs, tiny_
     rows = PreparedData(tiny_llama_data).rows
     from eagle_train.data.vocab import TokenCounter
 
-    counter = TokenCounter(len(load_vocab_mapping(
-        runs["ddp"] / "checkpoints" / f"step-{STEPS:07d}" / "vocab.safetensors").t2d))
+    counter = TokenCounter(
+        len(
+            load_vocab_mapping(
+                runs["ddp"] / "checkpoints" / f"step-{STEPS:07d}" / "vocab.safetensors"
+            ).t2d
+        )
+    )
     for ids, mask in zip(rows["input_ids"], rows["loss_mask"], strict=True):
         counter.add(ids, mask)
     expected = build_vocab_mapping(counter.result(), VOCAB)
@@ -189,15 +224,20 @@ def dflash_run(runs, tiny_world: Path, tiny_llama_data: Path) -> Path:
 
 
 @pytest.mark.parametrize("mode", ["single", "ddp", "fsdp", "ddp-dflash"])
-def test_kill_9_then_resume_auto_is_bitwise_equal(runs, tiny_world, tiny_llama_data, mode,
-                                                  request):
+def test_kill_9_then_resume_auto_is_bitwise_equal(runs, tiny_world, tiny_llama_data, mode, request):
     nproc = 1 if mode == "single" else 2
     fixture = {"fsdp": "fsdp_run", "ddp-dflash": "dflash_run"}.get(mode)
     reference = request.getfixturevalue(fixture) if fixture else runs[mode]
     out = runs["root"] / f"killed-{mode}"
-    args = train_args(tiny_world, tiny_llama_data, out, 1, 1 if nproc == 2 else 2,
-                      parallel="fsdp" if mode == "fsdp" else "ddp",
-                      algorithm="dflash" if mode == "ddp-dflash" else "eagle3")
+    args = train_args(
+        tiny_world,
+        tiny_llama_data,
+        out,
+        1,
+        1 if nproc == 2 else 2,
+        parallel="fsdp" if mode == "fsdp" else "ddp",
+        algorithm="dflash" if mode == "ddp-dflash" else "eagle3",
+    )
     pid_dir = runs["root"] / f"pids-killed-{mode}"
     proc = launch(args, nproc, pid_dir)
     kill_when_saved(proc, out / "checkpoints" / f"step-{KILL_AFTER:07d}", pid_dir, nproc)
@@ -238,19 +278,31 @@ def test_two_node_launch_through_the_launcher_script(runs, tiny_world, tiny_llam
     on this machine run the same job as the 2-rank single-node launch."""
     out = runs["root"] / "two-nodes"
     args = train_args(tiny_world, tiny_llama_data, out, 1, 1)
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "NNODES": "2", "NPROC": "1",
-           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()),
-           "PYTHON": sys.executable}
-    nodes = [subprocess.Popen(["bash", str(REPO / "scripts" / "launch.sh"), *args],
-                              env={**env, "NODE_RANK": str(n)}, cwd=REPO, text=True,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-             for n in range(2)]
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "NNODES": "2",
+        "NPROC": "1",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(_free_port()),
+        "PYTHON": sys.executable,
+    }
+    nodes = [
+        subprocess.Popen(
+            ["bash", str(REPO / "scripts" / "launch.sh"), *args],
+            env={**env, "NODE_RANK": str(n)},
+            cwd=REPO,
+            text=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+        )
+        for n in range(2)
+    ]
     for node in nodes:
         finish(node)
     two_nodes = read_metrics(out / "metrics.jsonl")
     one_node = read_metrics(runs["ddp"] / "metrics.jsonl")
-    assert [r["loss"] for r in two_nodes] == pytest.approx([r["loss"] for r in one_node],
-                                                           rel=1e-6)
+    assert [r["loss"] for r in two_nodes] == pytest.approx([r["loss"] for r in one_node], rel=1e-6)
 
 
 def _free_port() -> int:

@@ -47,8 +47,9 @@ def trained(request: pytest.FixtureRequest, tiny_world: Path, tmp_path_factory):
     algo, family = request.param
     root = tmp_path_factory.mktemp(f"e2e-{algo}-{family}")
     k_key = "draft.num_speculative_tokens" if algo == "eagle1" else "draft.parallel_steps"
-    return train_and_export(tiny_world, family, root, algo,
-                            [f"{k_key}={K}", f"train.max_steps={STEPS}"])
+    return train_and_export(
+        tiny_world, family, root, algo, [f"{k_key}={K}", f"train.max_steps={STEPS}"]
+    )
 
 
 def test_served_in_vllm_lossless_and_accepting(trained: dict, baseline, tiny_world: Path):
@@ -67,6 +68,8 @@ def test_served_in_vllm_lossless_and_accepting(trained: dict, baseline, tiny_wor
     draft = spec.build(cfg.draft, target, PreparedData(cfg.data.train).vocab)
     draft.load_state_dict(state)  # the bf16 weights vLLM serves, upcast like vLLM does
     offline = estimate_acceptance(spec, draft.eval(), cfg.draft, target, prompts, alone, K)
-    print(f"{cfg.draft.algorithm}-{family}: vLLM AL {al_trained:.3f} (random {al_random:.3f}), "
-          f"offline {offline.acceptance_length:.3f}")
+    print(
+        f"{cfg.draft.algorithm}-{family}: vLLM AL {al_trained:.3f} (random {al_random:.3f}), "
+        f"offline {offline.acceptance_length:.3f}"
+    )
     assert abs(offline.acceptance_length - al_trained) <= 0.05

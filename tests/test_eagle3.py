@@ -41,8 +41,9 @@ def chain_reference(draft: Eagle3Draft, aux: torch.Tensor, ids: torch.Tensor, st
     length = ids.shape[1]
 
     def qkv(hidden, token, pos):
-        x = torch.cat([layer.input_layernorm(draft.embed_tokens(token)),
-                       layer.hidden_norm(hidden)], -1)
+        x = torch.cat(
+            [layer.input_layernorm(draft.embed_tokens(token)), layer.hidden_norm(hidden)], -1
+        )
         return layer.self_attn.project(x, draft.rotary(x, pos))
 
     def finish(hidden, attn):
@@ -70,7 +71,9 @@ def chain_reference(draft: Eagle3Draft, aux: torch.Tensor, ids: torch.Tensor, st
 
 def test_ttt_forward_equals_explicit_chain(target: FrozenTarget) -> None:
     cfg, draft = build(target, steps=3)
-    ids = torch.randint(3, target.config.vocab_size, (1, 9), generator=torch.Generator().manual_seed(1))
+    ids = torch.randint(
+        3, target.config.vocab_size, (1, 9), generator=torch.Generator().manual_seed(1)
+    )
     features = target.features(ids, None, SPEC.target_layer_ids(cfg, target.config))
     with torch.no_grad():
         got = draft(features.aux, ids, 3).logits
@@ -119,7 +122,9 @@ def test_build_copies_target_embedding_frozen_and_head_rows(target: FrozenTarget
     assert torch.equal(draft.embed_tokens.weight, target.embed_tokens().weight)
     assert not draft.embed_tokens.weight.requires_grad
     assert torch.equal(draft.lm_head.weight, target.lm_head().weight[:64])
-    assert torch.equal(draft.d2t, vocab.d2t) and draft.fc.in_features == 3 * target.config.hidden_size
+    assert (
+        torch.equal(draft.d2t, vocab.d2t) and draft.fc.in_features == 3 * target.config.hidden_size
+    )
 
 
 def test_colliding_default_layer_ids_are_a_clear_error(target: FrozenTarget) -> None:

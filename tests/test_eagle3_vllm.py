@@ -31,11 +31,16 @@ K = 3
 def trained(request: pytest.FixtureRequest, tiny_world: Path, tmp_path_factory) -> dict:
     family = request.param
     root = tmp_path_factory.mktemp(f"e2e-{family}")
-    overrides = ["train.max_steps=150", f"draft.ttt_steps={K}", "train.acceptance_every=75",
-                 f"train.acceptance_prompts={tiny_world / 'data' / 'val.jsonl'}",
-                 "train.acceptance_num_prompts=4", "train.acceptance_max_new_tokens=32",
-                 "train.acceptance_max_model_len=512",
-                 f"train.acceptance_kv_cache_bytes={64 * 2**20}"]
+    overrides = [
+        "train.max_steps=150",
+        f"draft.ttt_steps={K}",
+        "train.acceptance_every=75",
+        f"train.acceptance_prompts={tiny_world / 'data' / 'val.jsonl'}",
+        "train.acceptance_num_prompts=4",
+        "train.acceptance_max_new_tokens=32",
+        "train.acceptance_max_model_len=512",
+        f"train.acceptance_kv_cache_bytes={64 * 2**20}",
+    ]
     return train_and_export(tiny_world, family, root, "eagle3", overrides)
 
 
@@ -56,8 +61,10 @@ def test_served_in_vllm_lossless_and_accepting(trained: dict, tiny_world: Path) 
     draft = spec.build(cfg.draft, target, PreparedData(cfg.data.train).vocab)
     draft.load_state_dict(state)  # the bf16 weights vLLM serves, upcast like vLLM does
     offline = estimate_acceptance(spec, draft, cfg.draft, target, prompts, baseline, K)
-    print(f"{family}: vLLM AL {al_trained:.3f} (random {al_random:.3f}), "
-          f"offline {offline.acceptance_length:.3f}")
+    print(
+        f"{family}: vLLM AL {al_trained:.3f} (random {al_random:.3f}), "
+        f"offline {offline.acceptance_length:.3f}"
+    )
     assert abs(offline.acceptance_length - al_trained) <= 0.05
 
 

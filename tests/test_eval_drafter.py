@@ -21,8 +21,11 @@ REPO = Path(__file__).resolve().parents[1]
 
 def export_random(world: Path, family: str, out: Path) -> Path:
     target_dir = world / "targets" / family / "bf16"
-    cfg = load_config(RunConfig, REPO / "configs" / "train" / f"eagle3-{family}-demo.yaml",
-                      [f"target.path={target_dir}", "data.train=unused"])
+    cfg = load_config(
+        RunConfig,
+        REPO / "configs" / "train" / f"eagle3-{family}-demo.yaml",
+        [f"target.path={target_dir}", "data.train=unused"],
+    )
     spec = get_draft("eagle3")
     state = spec.build(cfg.draft, FrozenTarget.from_pretrained(target_dir), None).state_dict()
     return export_state(state, cfg, out, {"step": 0})
@@ -39,8 +42,10 @@ def no_vllm(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def run_cli(target: Path, drafter: Path, tmp_path: Path):
-    return CliRunner().invoke(eval_acceptance_app, [
-        "--target", str(target), "--draft", str(drafter), "--out", str(tmp_path / "eval")])
+    return CliRunner().invoke(
+        eval_acceptance_app,
+        ["--target", str(target), "--draft", str(drafter), "--out", str(tmp_path / "eval")],
+    )
 
 
 def test_missing_tensor(tiny_world: Path, tmp_path: Path, no_vllm: None) -> None:
@@ -89,7 +94,11 @@ def test_a_good_drafter_passes_the_checks(tiny_world: Path, tmp_path: Path) -> N
     from eagle_train.evaluate.drafter import inspect_drafter
 
     drafter = export_random(tiny_world, "qwen3", tmp_path / "d")
-    info = inspect_drafter(drafter, AutoConfig.from_pretrained(tiny_world / "targets" / "qwen3"
-                                                                / "bf16"))
-    assert info.speculative_config() == {"method": "eagle3", "model": str(drafter),
-                                         "num_speculative_tokens": 3}
+    info = inspect_drafter(
+        drafter, AutoConfig.from_pretrained(tiny_world / "targets" / "qwen3" / "bf16")
+    )
+    assert info.speculative_config() == {
+        "method": "eagle3",
+        "model": str(drafter),
+        "num_speculative_tokens": 3,
+    }

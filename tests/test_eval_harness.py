@@ -24,18 +24,33 @@ def evaluated(tmp_path_factory: pytest.TempPathFactory) -> dict:
     tok.chat_template = "{% for m in messages %}{{ m['content'] }} {% endfor %}"
     tok.save_pretrained(target)
     prompts = root / "prompts.jsonl"
-    rows = [{"id": "a", "category": "walk", "turns": ["t5 t17 t40", "t9"]},
-            {"id": "b", "category": "jump", "turns": ["t90 t3", "t60 t61"]}]
+    rows = [
+        {"id": "a", "category": "walk", "turns": ["t5 t17 t40", "t9"]},
+        {"id": "b", "category": "jump", "turns": ["t90 t3", "t60 t61"]},
+    ]
     prompts.write_text("".join(json.dumps(r) + "\n" for r in rows))
     perfect = build_perfect_eagle3(target, root / "perfect", K)
     random = build_random_eagle3(target, root / "random", K)
-    settings = EvalSettings(target=target, drafters=[perfect, random], prompts=str(prompts),
-                            turns=2, max_new_tokens=16, dtype="float32", max_model_len=512,
-                            kv_cache_memory_bytes=64 * 2**20, ignore_eos=True)
+    settings = EvalSettings(
+        target=target,
+        drafters=[perfect, random],
+        prompts=str(prompts),
+        turns=2,
+        max_new_tokens=16,
+        dtype="float32",
+        max_model_len=512,
+        kv_cache_memory_bytes=64 * 2**20,
+        ignore_eos=True,
+    )
     run = run_eval(settings)
     summary = write_report(run, root / "out")
-    return {"run": run, "summary": summary, "out": root / "out", "perfect": perfect,
-            "random": random}
+    return {
+        "run": run,
+        "summary": summary,
+        "out": root / "out",
+        "perfect": perfect,
+        "random": random,
+    }
 
 
 def test_perfect_drafter_measures_k_plus_one(evaluated: dict) -> None:

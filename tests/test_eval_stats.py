@@ -34,15 +34,26 @@ def test_paired_difference_degenerate_and_bad_input() -> None:
 def test_mt_bench_ships_with_the_package() -> None:
     prompts = load_prompts()
     assert len(prompts) == 80
-    assert {p.category for p in prompts} == {"writing", "roleplay", "reasoning", "math",
-                                             "coding", "extraction", "stem", "humanities"}
+    assert {p.category for p in prompts} == {
+        "writing",
+        "roleplay",
+        "reasoning",
+        "math",
+        "coding",
+        "extraction",
+        "stem",
+        "humanities",
+    }
     assert all(len(p.turns) == 2 for p in prompts)
 
 
 def test_custom_prompt_files(tmp_path: Path) -> None:
     path = tmp_path / "p.jsonl"
-    rows = [{"prompt": "hi"}, {"id": "x", "category": "c", "turns": ["a", "b"]},
-            {"messages": [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}]}]
+    rows = [
+        {"prompt": "hi"},
+        {"id": "x", "category": "c", "turns": ["a", "b"]},
+        {"messages": [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}]},
+    ]
     path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
     got = load_prompts(path)
     assert [p.turns for p in got] == [("hi",), ("a", "b"), ("u",)]

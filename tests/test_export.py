@@ -43,14 +43,18 @@ GOLDEN_OVERRIDES = {"peagle": ["draft.mask_token_id=3"]}
 @pytest.mark.parametrize("algorithm", ["eagle1", "eagle3", "peagle", "dflash"])
 @pytest.mark.parametrize("family", ["llama", "qwen3"])
 def test_demo_config_matches_golden(algorithm: str, family: str) -> None:
-    cfg = load_config(RunConfig, REPO / "configs" / "train" / f"{algorithm}-{family}-demo.yaml",
-                      GOLDEN_OVERRIDES.get(algorithm, []))
+    cfg = load_config(
+        RunConfig,
+        REPO / "configs" / "train" / f"{algorithm}-{family}-demo.yaml",
+        GOLDEN_OVERRIDES.get(algorithm, []),
+    )
     assert cfg.draft.algorithm == algorithm
     spec = get_draft(cfg.draft.algorithm)
     target = demo_target(family)
     vocab = build_vocab_mapping(torch.arange(2048).flip(0), 1024)
-    drafter = spec.to_vllm(spec.build(cfg.draft, target, vocab).state_dict(), cfg.draft,
-                           target.config)
+    drafter = spec.to_vllm(
+        spec.build(cfg.draft, target, vocab).state_dict(), cfg.draft, target.config
+    )
     validate_drafter(spec, drafter, target.config)
     golden = GOLDEN / f"{algorithm}-{family}-demo.config.json"
     if os.environ.get("UPDATE_GOLDEN") == "1":
@@ -93,18 +97,28 @@ def test_unexpected_tensor_is_reported() -> None:
 def test_export_from_checkpoint_cli(tiny_world: Path, tiny_llama_data: Path, tmp_path: Path):
     from eagle_train.train import train
 
-    overrides = [f"target.path={tiny_world / 'targets' / 'llama' / 'bf16'}",
-                 f"data.train={tiny_llama_data}", "data.val=null", "data.micro_batch_size=2",
-                 "data.max_length=64", f"train.output_dir={tmp_path / 'run'}",
-                 "train.max_steps=2", "train.progress=false", "train.tensorboard=false"]
+    overrides = [
+        f"target.path={tiny_world / 'targets' / 'llama' / 'bf16'}",
+        f"data.train={tiny_llama_data}",
+        "data.val=null",
+        "data.micro_batch_size=2",
+        "data.max_length=64",
+        f"train.output_dir={tmp_path / 'run'}",
+        "train.max_steps=2",
+        "train.progress=false",
+        "train.tensorboard=false",
+    ]
     cfg = load_config(RunConfig, REPO / "configs" / "train" / "eagle3-llama-demo.yaml", overrides)
     ckpt = train(cfg).last_checkpoint
     out = tmp_path / "drafter"
     result = CliRunner().invoke(export_draft_app, [str(ckpt), str(out)])
     assert result.exit_code == 0, result.output
     assert '"method": "eagle3"' in result.output
-    assert sorted(p.name for p in out.iterdir()) == ["config.json", "eagle_train.json",
-                                                     "model.safetensors"]
+    assert sorted(p.name for p in out.iterdir()) == [
+        "config.json",
+        "eagle_train.json",
+        "model.safetensors",
+    ]
     tensors = load_file(str(out / "model.safetensors"))
     assert tensors["d2t"].dtype == torch.int64
     assert all(t.dtype == torch.bfloat16 for n, t in tensors.items() if n != "d2t")
@@ -124,8 +138,9 @@ def test_failed_write_leaves_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyP
 
     cfg, spec, target, state = small_drafter()
     target.model.save_pretrained(tmp_path / "target")
-    cfg = cfg.model_copy(update={"target": cfg.target.model_copy(
-        update={"path": tmp_path / "target"})})
+    cfg = cfg.model_copy(
+        update={"target": cfg.target.model_copy(update={"path": tmp_path / "target"})}
+    )
 
     def boom(*args, **kwargs):
         raise OSError("disk full")

@@ -35,8 +35,9 @@ def target(request: pytest.FixtureRequest, tiny_world: Path) -> FrozenTarget:
 
 
 def build(target: FrozenTarget, **kwargs):
-    cfg = PEagleConfig(**{"aux_layer_ids": [1, 2, 3], "num_layers": 2, "parallel_steps": 3,
-                          **kwargs})
+    cfg = PEagleConfig(
+        **{"aux_layer_ids": [1, 2, 3], "num_layers": 2, "parallel_steps": 3, **kwargs}
+    )
     torch.manual_seed(0)
     draft = SPEC.build(cfg, target, None)
     with torch.no_grad():  # non-trivial everywhere (mask_hidden starts at 0)
@@ -167,8 +168,11 @@ def test_shapes_propose_and_export(target: FrozenTarget) -> None:
 
 def test_mask_token_id_errors(target: FrozenTarget) -> None:
     v = target.config.vocab_size
-    with pytest.raises(ValueError, match=rf"draft.mask_token_id {v} is outside the target "
-                                         rf"vocabulary \(expected 0..{v - 1}\)"):
+    with pytest.raises(
+        ValueError,
+        match=rf"draft.mask_token_id {v} is outside the target "
+        rf"vocabulary \(expected 0..{v - 1}\)",
+    ):
         SPEC.build(PEagleConfig(aux_layer_ids=[1, 2, 3], mask_token_id=v), target, None)
     bare = FrozenTarget(target.model)
     bare.model.name_or_path = ""  # no tokenizer to ask
@@ -181,11 +185,18 @@ def test_mask_token_id_errors(target: FrozenTarget) -> None:
 
 def test_eval_acceptance_serves_it_with_parallel_drafting(tiny_world: Path, tmp_path: Path):
     target_dir = tiny_world / "targets" / "llama" / "bf16"
-    cfg = load_config(RunConfig, REPO / "configs" / "train" / "peagle-llama-demo.yaml",
-                      [f"target.path={target_dir}", "data.train=unused"])
+    cfg = load_config(
+        RunConfig,
+        REPO / "configs" / "train" / "peagle-llama-demo.yaml",
+        [f"target.path={target_dir}", "data.train=unused"],
+    )
     state = SPEC.build(cfg.draft, FrozenTarget.from_pretrained(target_dir), None).state_dict()
     out = export_state(state, cfg, tmp_path / "drafter", {"step": 0})
     info = inspect_drafter(out, FrozenTarget.from_pretrained(target_dir).config)
     assert info.spec is SPEC
-    assert info.speculative_config() == {"method": "eagle3", "model": str(out),
-                                         "num_speculative_tokens": 3, "parallel_drafting": True}
+    assert info.speculative_config() == {
+        "method": "eagle3",
+        "model": str(out),
+        "num_speculative_tokens": 3,
+        "parallel_drafting": True,
+    }

@@ -54,8 +54,13 @@ def _worker(rank: int, port: int, target_dir: str, out: str) -> None:
     os.environ["OMP_NUM_THREADS"] = "1"
     torch.set_num_threads(1)
     # A bounded timeout: a parameter left out of a backward would hang the all-reduce.
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=WORLD, timeout=timedelta(seconds=120))
+    dist.init_process_group(
+        "gloo",
+        init_method=f"tcp://127.0.0.1:{port}",
+        rank=rank,
+        world_size=WORLD,
+        timeout=timedelta(seconds=120),
+    )
     try:
         target, cfg, draft = _setup(target_dir)
         ddp = DistributedDataParallel(draft, find_unused_parameters=False)

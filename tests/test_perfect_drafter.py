@@ -74,8 +74,9 @@ def test_target_follows_its_next_token_table(world: dict, baseline: list[list[in
     assert len(set(baseline[0])) == NUM_NEW  # one long cycle, not a fixed point
 
 
-def test_perfect_drafter_accepts_everything_per_request(world: dict, baseline: list[list[int]]
-                                                        ) -> None:
+def test_perfect_drafter_accepts_everything_per_request(
+    world: dict, baseline: list[list[int]]
+) -> None:
     k = 3  # one request at a time: the per-request counter deltas the harness reads
     results = serve(world["target"], world["perfect"][k], one_by_one=True)
     assert [r.tokens for r in results] == baseline
@@ -85,11 +86,13 @@ def test_perfect_drafter_accepts_everything_per_request(world: dict, baseline: l
         assert counters.accepted == k * counters.drafts, counters
         assert counters.accepted_per_pos == [counters.drafts] * k
         assert counters.acceptance_length == k + 1
-    print(f"perfect K={k}: AL " + ", ".join(f"{c.acceptance_length:.3f}" for c in (r.counters for r in results)))
+    print(
+        f"perfect K={k}: AL "
+        + ", ".join(f"{c.acceptance_length:.3f}" for c in (r.counters for r in results))
+    )
 
 
-def test_perfect_drafter_accepts_everything_batched(world: dict, baseline: list[list[int]]
-                                                   ) -> None:
+def test_perfect_drafter_accepts_everything_batched(world: dict, baseline: list[list[int]]) -> None:
     k = 2  # all prompts at once; every request is full only if the total is
     tokens, counters = serve(world["target"], world["perfect"][k])
     assert tokens == baseline

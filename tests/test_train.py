@@ -48,8 +48,16 @@ def test_cli_trains_logs_and_checkpoints(tiny_world: Path, tiny_llama_data: Path
     assert result.exit_code == 0, result.output
     train = read_metrics(out / "metrics.jsonl", "train")
     assert [r["step"] for r in train] == [4, 8, 12, 16, 20, 24]
-    for key in ("loss", "acc_0", "acc_1", "acc_2", "sim_accept_len", "lr", "grad_norm",
-                "tokens_per_s"):
+    for key in (
+        "loss",
+        "acc_0",
+        "acc_1",
+        "acc_2",
+        "sim_accept_len",
+        "lr",
+        "grad_norm",
+        "tokens_per_s",
+    ):
         assert all(key in r for r in train), key
     assert train[-1]["loss"] < train[0]["loss"]
     assert train[-1]["sim_accept_len"] > train[0]["sim_accept_len"]  # 1 <= it <= K+1 always
@@ -58,8 +66,13 @@ def test_cli_trains_logs_and_checkpoints(tiny_world: Path, tiny_llama_data: Path
     ckpts = sorted(p.name for p in (out / "checkpoints").iterdir())
     assert ckpts == ["step-0000024"]  # keep_last=1, no temporaries left
     files = {p.name for p in (out / "checkpoints" / "step-0000024").iterdir()}
-    assert {"draft.safetensors", "optimizer.pt", "scheduler.pt", "config.yaml",
-            "trainer_state.json"} <= files
+    assert {
+        "draft.safetensors",
+        "optimizer.pt",
+        "scheduler.pt",
+        "config.yaml",
+        "trainer_state.json",
+    } <= files
     assert any((out / "tensorboard").iterdir())
     state = torch.load(out / "checkpoints" / "step-0000024" / "optimizer.pt")
     assert all(v["exp_avg"].dtype == torch.float32 for v in state["state"].values())
@@ -106,12 +119,18 @@ def test_non_finite_loss_names_the_step_and_keeps_the_last_checkpoint(
     import eagle_train.train as loop
 
     poison_loss_at(monkeypatch, {8})
-    cfg = load_config(RunConfig, CONFIG, overrides(tiny_world, tiny_llama_data, tmp_path)
-                      + ["train.save_every=3", "train.keep_last=5"])
+    cfg = load_config(
+        RunConfig,
+        CONFIG,
+        overrides(tiny_world, tiny_llama_data, tmp_path)
+        + ["train.save_every=3", "train.keep_last=5"],
+    )
     with pytest.raises(loop.NonFiniteLossError, match="at step 8"):
         loop.train(cfg)
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == [
-        "step-0000003", "step-0000006"]
+        "step-0000003",
+        "step-0000006",
+    ]
 
 
 def test_non_finite_batches_are_skipped_and_counted(
@@ -120,8 +139,12 @@ def test_non_finite_batches_are_skipped_and_counted(
     import eagle_train.train as loop
 
     poison_loss_at(monkeypatch, {3, 5})
-    cfg = load_config(RunConfig, CONFIG, overrides(tiny_world, tiny_llama_data, tmp_path, 8)
-                      + ["train.nonfinite=skip", "train.log_every=1"])
+    cfg = load_config(
+        RunConfig,
+        CONFIG,
+        overrides(tiny_world, tiny_llama_data, tmp_path, 8)
+        + ["train.nonfinite=skip", "train.log_every=1"],
+    )
     result = loop.train(cfg)
     assert result.skipped_steps == 2
     rows = read_metrics(tmp_path / "metrics.jsonl", "train")
@@ -131,8 +154,12 @@ def test_non_finite_batches_are_skipped_and_counted(
     assert {int(v["step"]) for v in state["state"].values()} == {6}  # 8 steps, 2 skipped
 
     poison_loss_at(monkeypatch, {1, 2})
-    cfg = load_config(RunConfig, CONFIG, overrides(tiny_world, tiny_llama_data, tmp_path / "b", 8)
-                      + ["train.nonfinite=skip", "train.max_skipped_steps=1"])
+    cfg = load_config(
+        RunConfig,
+        CONFIG,
+        overrides(tiny_world, tiny_llama_data, tmp_path / "b", 8)
+        + ["train.nonfinite=skip", "train.max_skipped_steps=1"],
+    )
     with pytest.raises(loop.NonFiniteLossError, match="2 steps skipped"):
         loop.train(cfg)
 
@@ -144,8 +171,12 @@ def test_resolved_config_is_saved(tiny_world: Path, tiny_llama_data: Path, tmp_p
     loop.train(cfg)
     again = load_config(RunConfig, tmp_path / "config.yaml")
     assert again == cfg
-    assert json.loads((tmp_path / "checkpoints" / "step-0000002" / "trainer_state.json"
-                       ).read_text())["step"] == 2
+    assert (
+        json.loads((tmp_path / "checkpoints" / "step-0000002" / "trainer_state.json").read_text())[
+            "step"
+        ]
+        == 2
+    )
 
 
 def test_loop_backpropagates_each_segment_of_a_partitioned_draft(
@@ -165,17 +196,27 @@ def test_loop_backpropagates_each_segment_of_a_partitioned_draft(
     monkeypatch.setattr(loop, "loss_parts", counting)
     finals = {}
     for segments in (1, 4):
-        sets = [f"target.path={tiny_world / 'targets' / 'llama' / 'fp32'}",
-                "target.dtype=float32", f"data.train={tiny_llama_data}", "data.val=null",
-                "data.micro_batch_size=2", "data.max_length=64", "train.max_steps=4",
-                "train.log_every=1", "train.progress=false", "train.tensorboard=false",
-                "draft.mask_token_id=3", f"draft.num_segments={segments}",
-                f"train.output_dir={tmp_path / str(segments)}"]
+        sets = [
+            f"target.path={tiny_world / 'targets' / 'llama' / 'fp32'}",
+            "target.dtype=float32",
+            f"data.train={tiny_llama_data}",
+            "data.val=null",
+            "data.micro_batch_size=2",
+            "data.max_length=64",
+            "train.max_steps=4",
+            "train.log_every=1",
+            "train.progress=false",
+            "train.tensorboard=false",
+            "draft.mask_token_id=3",
+            f"draft.num_segments={segments}",
+            f"train.output_dir={tmp_path / str(segments)}",
+        ]
         cfg = load_config(RunConfig, REPO / "configs" / "train" / "peagle-llama-demo.yaml", sets)
         loop.train(cfg)
         losses = [r["loss"] for r in read_metrics(tmp_path / str(segments) / "metrics.jsonl")]
-        weights = load_file(tmp_path / str(segments) / "checkpoints" / "step-0000004" /
-                            "draft.safetensors")
+        weights = load_file(
+            tmp_path / str(segments) / "checkpoints" / "step-0000004" / "draft.safetensors"
+        )
         finals[segments] = losses, weights
     assert parts_seen == [1] * 4 + [4] * 4  # 4 steps each, one micro-batch per step
     assert finals[4][0] == pytest.approx(finals[1][0], rel=1e-5)

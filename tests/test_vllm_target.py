@@ -21,7 +21,7 @@ def greedy(model: torch.nn.Module, prompt: list[int], num_new: int) -> list[int]
     ids = list(prompt)
     for _ in range(num_new):
         ids.append(int(model(torch.tensor([ids])).logits[0, -1].argmax()))
-    return ids[len(prompt):]
+    return ids[len(prompt) :]
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen3"])
@@ -31,10 +31,13 @@ def test_vllm_greedy_matches_transformers(tiny_world: Path, family: str) -> None
     path = target_dir(tiny_world, family, "fp32")
     tok = AutoTokenizer.from_pretrained(path)
     model = AutoModelForCausalLM.from_pretrained(path).eval()
-    chats = [json.loads(line) for line in (tiny_world / "data" / "val.jsonl").read_text().splitlines()]
+    chats = [
+        json.loads(line) for line in (tiny_world / "data" / "val.jsonl").read_text().splitlines()
+    ]
     prompts = [
-        tok.apply_chat_template(c["messages"][:1], add_generation_prompt=True, tokenize=True,
-                                return_dict=True)["input_ids"]
+        tok.apply_chat_template(
+            c["messages"][:1], add_generation_prompt=True, tokenize=True, return_dict=True
+        )["input_ids"]
         for c in chats[:4]
     ]
     num_new = 24

@@ -31,8 +31,9 @@ _DATA: dict[tuple[Path, str], Path] = {}
 def regenerated_data(world: Path, family: str, root: Path) -> Path:
     """The tiny world's training chats with the target's own answers (built once)."""
     if (world, family) not in _DATA:
-        _DATA[world, family] = prepare_tiny_data(world, family, "train", root / "train",
-                                                 regenerate=True, max_new_tokens=NUM_NEW)
+        _DATA[world, family] = prepare_tiny_data(
+            world, family, "train", root / "train", regenerate=True, max_new_tokens=NUM_NEW
+        )
     return _DATA[world, family]
 
 
@@ -42,18 +43,27 @@ def train_and_export(
     """Train ``configs/train/{config}-{family}-demo.yaml`` briefly on the target's own
     answers; export it and a random-init draft of the same shape (seed 1)."""
     data = regenerated_data(world, family, root)
-    base = [f"target.path={world / 'targets' / family / 'bf16'}", f"data.train={data}",
-            "data.val=null", "data.max_length=128", f"train.output_dir={root / 'run'}",
-            "train.progress=false", "train.tensorboard=false"]
-    cfg = load_config(RunConfig, REPO / "configs" / "train" / f"{config}-{family}-demo.yaml",
-                      base + overrides)
+    base = [
+        f"target.path={world / 'targets' / family / 'bf16'}",
+        f"data.train={data}",
+        "data.val=null",
+        "data.max_length=128",
+        f"train.output_dir={root / 'run'}",
+        "train.progress=false",
+        "train.tensorboard=false",
+    ]
+    cfg = load_config(
+        RunConfig, REPO / "configs" / "train" / f"{config}-{family}-demo.yaml", base + overrides
+    )
     checkpoint = train(cfg).last_checkpoint
     spec = get_draft(cfg.draft.algorithm)
     target = FrozenTarget.from_pretrained(cfg.target.path)
     torch.manual_seed(1)
     random_state = spec.build(cfg.draft, target, PreparedData(data).vocab).state_dict()
     return {
-        "family": family, "cfg": cfg, "checkpoint": checkpoint,
+        "family": family,
+        "cfg": cfg,
+        "checkpoint": checkpoint,
         "drafter": export_draft(checkpoint, root / "drafter"),
         "random": export_state(random_state, cfg, root / "random", {"step": 0}),
         "acceptance": read_metrics(root / "run" / "metrics.jsonl", "acceptance"),
@@ -64,12 +74,17 @@ def train_and_export(
 def held_out_prompts(world: Path, family: str) -> list[list[int]]:
     tok = AutoTokenizer.from_pretrained(world / "targets" / family / "fp32")
     chats = [json.loads(line) for line in (world / "data" / "val.jsonl").read_text().splitlines()]
-    return [tok.apply_chat_template(c["messages"][:1], add_generation_prompt=True, tokenize=True,
-                                    return_dict=True)["input_ids"] for c in chats[:NUM_PROMPTS]]
+    return [
+        tok.apply_chat_template(
+            c["messages"][:1], add_generation_prompt=True, tokenize=True, return_dict=True
+        )["input_ids"]
+        for c in chats[:NUM_PROMPTS]
+    ]
 
 
-def serve(target: Path, prompts: list[list[int]], drafter: Path | None, k: int | None = None
-          ) -> tuple[list[list[int]], float]:
+def serve(
+    target: Path, prompts: list[list[int]], drafter: Path | None, k: int | None = None
+) -> tuple[list[list[int]], float]:
     """Greedy tokens per prompt and the acceptance length from vLLM's counters.
 
     Stops at eos, as served: past eos the target rambles off the distribution a draft is

@@ -153,8 +153,11 @@ class VllmBackend:
         self.settings = settings
         # The project's engine setup (eager, explicit dtype, in-process engine core).
         self.engine = VllmEngine(
-            model, dtype=settings.dtype, max_model_len=settings.max_model_len,
-            kv_cache_memory_bytes=settings.kv_cache_memory_bytes, seed=settings.seed,
+            model,
+            dtype=settings.dtype,
+            max_model_len=settings.max_model_len,
+            kv_cache_memory_bytes=settings.kv_cache_memory_bytes,
+            seed=settings.seed,
             tokenizer=tokenizer,
         ).open()
 

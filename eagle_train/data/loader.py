@@ -111,5 +111,6 @@ class BatchLoader:
     def epoch_batches(self) -> list[Batch]:
         """All micro-batches of one pass in file order, all ranks' (validation)."""
         n = len(self.data) - len(self.data) % self.batch_size
-        return [self.collate(list(range(i, i + self.batch_size)))
-                for i in range(0, n, self.batch_size)]
+        return [
+            self.collate(list(range(i, i + self.batch_size))) for i in range(0, n, self.batch_size)
+        ]

@@ -75,8 +75,14 @@ def build_target(
     family: Family, shape: TargetShape, tokenizer: PreTrainedTokenizerBase, seed: int
 ) -> PreTrainedModel:
     """A randomly initialised fp32 target of the given family, sized by ``shape``."""
-    config = target_config(family, shape, len(tokenizer), tokenizer.bos_token_id,
-                           tokenizer.eos_token_id, tokenizer.pad_token_id)
+    config = target_config(
+        family,
+        shape,
+        len(tokenizer),
+        tokenizer.bos_token_id,
+        tokenizer.eos_token_id,
+        tokenizer.pad_token_id,
+    )
     torch.manual_seed(seed)
     model_cls = LlamaForCausalLM if family == "llama" else Qwen3ForCausalLM
     return model_cls(config).float()
@@ -119,8 +125,13 @@ def pretrain(model: PreTrainedModel, rows: torch.Tensor, cfg: PretrainConfig, se
         opt.zero_grad(set_to_none=True)
         loss_value = loss.item()
         if step % 50 == 0 or step == cfg.steps - 1:
-            log.info("pretrain step %d/%d loss %.3f (%.0fs)", step + 1, cfg.steps, loss_value,
-                     time.perf_counter() - start)
+            log.info(
+                "pretrain step %d/%d loss %.3f (%.0fs)",
+                step + 1,
+                cfg.steps,
+                loss_value,
+                time.perf_counter() - start,
+            )
     model.eval()
     return loss_value
 

@@ -72,15 +72,17 @@ class DraftSpec(Protocol):
         part's backward reaches every trainable parameter."""
 
     def propose(
-        self, draft: nn.Module, features: TargetFeatures, input_ids: Tensor, cfg: Any,
+        self,
+        draft: nn.Module,
+        features: TargetFeatures,
+        input_ids: Tensor,
+        cfg: Any,
         num_steps: int,
     ) -> Tensor:
         """(B, T, num_steps) target token ids the draft proposes at each slot: entry [t, k]
         is its guess for x_{t+2+k}, chained on the true tokens."""
 
-    def to_vllm(
-        self, state: dict[str, Tensor], cfg: Any, target: PretrainedConfig
-    ) -> VllmDrafter:
+    def to_vllm(self, state: dict[str, Tensor], cfg: Any, target: PretrainedConfig) -> VllmDrafter:
         """vLLM's on-disk drafter from a draft state dict."""
 
     def expected_tensors(

@@ -13,8 +13,14 @@ from transformers import PretrainedConfig
 # Target config fields the draft mirrors (RoPE, positions, special ids), copied when present.
 # max_position_embeddings must cover the serving length (vLLM does not raise it for every
 # drafter, and drafting silently stops beyond it): the target's limit covers what it serves.
-MIRRORED = ("rope_parameters", "rope_theta", "max_position_embeddings",
-            "bos_token_id", "eos_token_id", "pad_token_id")
+MIRRORED = (
+    "rope_parameters",
+    "rope_theta",
+    "max_position_embeddings",
+    "bos_token_id",
+    "eos_token_id",
+    "pad_token_id",
+)
 
 
 class RMSNorm(nn.Module):
@@ -68,8 +74,12 @@ def decoder_fields(target: PretrainedConfig, head_dim: int, num_layers: int) -> 
 
 
 def layer_tensors(
-    config: dict[str, Any], index: int, *, in_width: int | None = None,
-    input_norm: bool = True, qk_norm: bool = False,
+    config: dict[str, Any],
+    index: int,
+    *,
+    in_width: int | None = None,
+    input_norm: bool = True,
+    qk_norm: bool = False,
 ) -> dict[str, tuple[int, ...]]:
     """Shapes of decoder layer ``index``'s tensors as vLLM names them (q/k/v and gate/up
     separate), for a drafter ``config``; ``in_width`` is q/k/v's input width (default H)."""
@@ -78,16 +88,18 @@ def layer_tensors(
     width = in_width or h
     p = f"layers.{index}."
     shapes = {p + "input_layernorm.weight": (h,)} if input_norm else {}
-    shapes.update({
-        p + "self_attn.q_proj.weight": (heads * d, width),
-        p + "self_attn.k_proj.weight": (kv * d, width),
-        p + "self_attn.v_proj.weight": (kv * d, width),
-        p + "self_attn.o_proj.weight": (h, heads * d),
-        p + "post_attention_layernorm.weight": (h,),
-        p + "mlp.gate_proj.weight": (inter, h),
-        p + "mlp.up_proj.weight": (inter, h),
-        p + "mlp.down_proj.weight": (h, inter),
-    })
+    shapes.update(
+        {
+            p + "self_attn.q_proj.weight": (heads * d, width),
+            p + "self_attn.k_proj.weight": (kv * d, width),
+            p + "self_attn.v_proj.weight": (kv * d, width),
+            p + "self_attn.o_proj.weight": (h, heads * d),
+            p + "post_attention_layernorm.weight": (h,),
+            p + "mlp.gate_proj.weight": (inter, h),
+            p + "mlp.up_proj.weight": (inter, h),
+            p + "mlp.down_proj.weight": (h, inter),
+        }
+    )
     if qk_norm:
         shapes[p + "self_attn.q_norm.weight"] = (d,)
         shapes[p + "self_attn.k_norm.weight"] = (d,)

@@ -13,12 +13,14 @@ from eagle_train.drafts.eagle1.spec import Eagle1Spec
 from eagle_train.drafts.eagle3.spec import Eagle3Spec
 from eagle_train.drafts.peagle.spec import PEagleSpec
 
-DRAFTS: MappingProxyType[str, DraftSpec] = MappingProxyType({
-    "eagle1": Eagle1Spec(),
-    "eagle3": Eagle3Spec(),
-    "peagle": PEagleSpec(),
-    "dflash": DFlashSpec(),
-})
+DRAFTS: MappingProxyType[str, DraftSpec] = MappingProxyType(
+    {
+        "eagle1": Eagle1Spec(),
+        "eagle3": Eagle3Spec(),
+        "peagle": PEagleSpec(),
+        "dflash": DFlashSpec(),
+    }
+)
 
 
 def get_draft(name: str) -> DraftSpec:
@@ -47,6 +49,7 @@ def identify_drafter(config: dict[str, Any], method: str | None = None) -> Draft
 _configs = tuple(spec.config_cls for spec in DRAFTS.values())
 # The `draft:` section of a run config: the algorithm's own config, picked by `algorithm`.
 DraftConfig = (
-    _configs[0] if len(_configs) == 1
+    _configs[0]
+    if len(_configs) == 1
     else Annotated[Union[_configs], Field(discriminator="algorithm")]  # noqa: UP007
 )

@@ -31,8 +31,12 @@ class DrafterInfo:
     extra: dict[str, Any] = field(default_factory=dict)
 
     def speculative_config(self) -> dict[str, Any]:
-        return {**self.extra, "method": self.method, "model": str(self.path),
-                "num_speculative_tokens": self.num_speculative_tokens}
+        return {
+            **self.extra,
+            "method": self.method,
+            "model": str(self.path),
+            "num_speculative_tokens": self.num_speculative_tokens,
+        }
 
 
 def inspect_drafter(
@@ -40,8 +44,11 @@ def inspect_drafter(
 ) -> DrafterInfo:
     path = Path(path)
     config = _read_json(path / "config.json")
-    serving = _read_json(path / PROVENANCE_FILE).get("serving", {}) \
-        if (path / PROVENANCE_FILE).is_file() else {}
+    serving = (
+        _read_json(path / PROVENANCE_FILE).get("serving", {})
+        if (path / PROVENANCE_FILE).is_file()
+        else {}
+    )
     try:
         spec = identify_drafter(config, serving.get("method"))
     except ValueError as exc:
@@ -54,12 +61,18 @@ def inspect_drafter(
         raise DrafterError(f"{path}: not servable next to this target:\n  " + "\n  ".join(problems))
     k = num_speculative_tokens or serving.get("num_speculative_tokens")
     if not k:
-        raise DrafterError(f"{path}: the export does not record how many tokens it drafts; "
-                           "pass --num-speculative-tokens")
-    extra = {key: value for key, value in serving.items()
-             if key not in ("method", "model", "num_speculative_tokens")}
-    return DrafterInfo(path=path, spec=spec, method=spec.vllm_method, num_speculative_tokens=k,
-                       extra=extra)
+        raise DrafterError(
+            f"{path}: the export does not record how many tokens it drafts; "
+            "pass --num-speculative-tokens"
+        )
+    extra = {
+        key: value
+        for key, value in serving.items()
+        if key not in ("method", "model", "num_speculative_tokens")
+    }
+    return DrafterInfo(
+        path=path, spec=spec, method=spec.vllm_method, num_speculative_tokens=k, extra=extra
+    )
 
 
 def _read_json(path: Path) -> dict[str, Any]:
@@ -74,8 +87,14 @@ def _read_json(path: Path) -> dict[str, Any]:
     return data
 
 
-_DTYPES = {"I64": torch.int64, "I32": torch.int32, "BOOL": torch.bool, "BF16": torch.bfloat16,
-           "F16": torch.float16, "F32": torch.float32}
+_DTYPES = {
+    "I64": torch.int64,
+    "I32": torch.int32,
+    "BOOL": torch.bool,
+    "BF16": torch.bfloat16,
+    "F16": torch.float16,
+    "F32": torch.float32,
+}
 
 
 def _tensor_shapes(path: Path) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:

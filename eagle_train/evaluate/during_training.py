@@ -36,14 +36,20 @@ class AcceptanceProbe:
         export_state(state, self.cfg, self.drafter_dir, {"step": step}, overwrite=True)
         t = self.cfg.train
         settings = EvalSettings(
-            target=self.cfg.target.path, drafters=[self.drafter_dir],
-            prompts=t.acceptance_prompts, turns=1, limit=t.acceptance_num_prompts,
-            max_new_tokens=t.acceptance_max_new_tokens, dtype=self.cfg.target.dtype,
-            max_model_len=t.acceptance_max_model_len, baseline=False,
+            target=self.cfg.target.path,
+            drafters=[self.drafter_dir],
+            prompts=t.acceptance_prompts,
+            turns=1,
+            limit=t.acceptance_num_prompts,
+            max_new_tokens=t.acceptance_max_new_tokens,
+            dtype=self.cfg.target.dtype,
+            max_model_len=t.acceptance_max_model_len,
+            baseline=False,
             kv_cache_memory_bytes=t.acceptance_kv_cache_bytes,
         )
-        overall: dict[str, Any] = summarize(run_eval(settings))["drafters"][
-            str(self.drafter_dir)]["overall"]
+        overall: dict[str, Any] = summarize(run_eval(settings))["drafters"][str(self.drafter_dir)][
+            "overall"
+        ]
         metrics = {"acceptance_length": overall["acceptance_length"]}
         for i, rate in enumerate(overall["per_position_rate"]):
             metrics[f"accept_rate_{i}"] = rate

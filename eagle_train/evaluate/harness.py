@@ -61,8 +61,10 @@ def run_eval(settings: EvalSettings) -> EvalRun:
     if settings.turns == 2 and not settings.baseline:
         raise ValueError("turn 2 is asked with the target's own first answer: keep the baseline")
     target_config = AutoConfig.from_pretrained(settings.target)
-    infos = [inspect_drafter(d, target_config, settings.num_speculative_tokens)
-             for d in settings.drafters]
+    infos = [
+        inspect_drafter(d, target_config, settings.num_speculative_tokens)
+        for d in settings.drafters
+    ]
     tokenizer = AutoTokenizer.from_pretrained(settings.target)
     prompts = load_prompts(settings.prompts, settings.limit)
     run = EvalRun(settings=settings, drafters=infos)
@@ -72,9 +74,13 @@ def run_eval(settings: EvalSettings) -> EvalRun:
         with _engine(settings, None) as engine:
             _warm_up(engine, first[0])
             answers = _serve(engine, first, "target", run.records, settings)
-            second = [Request(p, 2, _render(tokenizer, p, [tokenizer.decode(
-                a, skip_special_tokens=True)])) for p, a in zip(prompts, answers, strict=True)
-                if settings.turns == 2 and len(p.turns) > 1]
+            second = [
+                Request(
+                    p, 2, _render(tokenizer, p, [tokenizer.decode(a, skip_special_tokens=True)])
+                )
+                for p, a in zip(prompts, answers, strict=True)
+                if settings.turns == 2 and len(p.turns) > 1
+            ]
             _serve(engine, second, "target", run.records, settings)
     for info in infos:
         with _engine(settings, info) as engine:
@@ -87,9 +93,13 @@ def _engine(settings: EvalSettings, drafter: DrafterInfo | None) -> VllmEngine:
     kv = settings.kv_cache_memory_bytes
     if kv is None and not torch.cuda.is_available():
         kv = 512 * 2**20
-    return VllmEngine(settings.target, dtype=settings.dtype, max_model_len=settings.max_model_len,
-                      kv_cache_memory_bytes=kv,
-                      speculative_config=drafter.speculative_config() if drafter else None)
+    return VllmEngine(
+        settings.target,
+        dtype=settings.dtype,
+        max_model_len=settings.max_model_len,
+        kv_cache_memory_bytes=kv,
+        speculative_config=drafter.speculative_config() if drafter else None,
+    )
 
 
 def _warm_up(engine: VllmEngine, request: Request) -> None:
@@ -100,28 +110,44 @@ def _warm_up(engine: VllmEngine, request: Request) -> None:
 def _render(tokenizer: Any, prompt: EvalPrompt, answers: list[str]) -> list[int]:
     messages = [{"role": "system", "content": prompt.system}] if prompt.system else []
     for i, answer in enumerate(answers):
-        messages += [{"role": "user", "content": prompt.turns[i]},
-                     {"role": "assistant", "content": answer}]
+        messages += [
+            {"role": "user", "content": prompt.turns[i]},
+            {"role": "assistant", "content": answer},
+        ]
     messages.append({"role": "user", "content": prompt.turns[len(answers)]})
-    return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
-                                         return_dict=True)["input_ids"]
+    return tokenizer.apply_chat_template(
+        messages, add_generation_prompt=True, tokenize=True, return_dict=True
+    )["input_ids"]
 
 
 def _serve(
-    engine: VllmEngine, requests: list[Request], name: str, records: list[dict[str, Any]],
+    engine: VllmEngine,
+    requests: list[Request],
+    name: str,
+    records: list[dict[str, Any]],
     settings: EvalSettings,
 ) -> list[list[int]]:
-    sampling = dict(temperature=0.0, max_tokens=settings.max_new_tokens,
-                    ignore_eos=settings.ignore_eos)
+    sampling = dict(
+        temperature=0.0, max_tokens=settings.max_new_tokens, ignore_eos=settings.ignore_eos
+    )
     outputs = []
     for req in tqdm(requests, desc=f"{Path(name).name}", leave=False):
         tokens, delta, seconds = engine.generate_measured(req.token_ids, sampling)
         outputs.append(tokens)
-        records.append({
-            "model": name, "id": req.prompt.id, "category": req.prompt.category,
-            "turn": req.turn, "prompt_tokens": len(req.token_ids), "new_tokens": len(tokens),
-            "seconds": seconds, "drafts": delta.drafts, "accepted": delta.accepted,
-            "acceptance_length": delta.acceptance_length,
-            "accepted_per_pos": delta.accepted_per_pos, "output": tokens,
-        })
+        records.append(
+            {
+                "model": name,
+                "id": req.prompt.id,
+                "category": req.prompt.category,
+                "turn": req.turn,
+                "prompt_tokens": len(req.token_ids),
+                "new_tokens": len(tokens),
+                "seconds": seconds,
+                "drafts": delta.drafts,
+                "accepted": delta.accepted,
+                "acceptance_length": delta.acceptance_length,
+                "accepted_per_pos": delta.accepted_per_pos,
+                "output": tokens,
+            }
+        )
     return outputs

@@ -59,8 +59,13 @@ def replay_cycles(chains: Tensor, prompt_len: int, num_new: int, k_max: int) -> 
 
 @torch.no_grad()
 def estimate_acceptance(
-    spec: DraftSpec, draft: torch.nn.Module, cfg: object, target: FrozenTarget,
-    prompts: list[list[int]], outputs: list[list[int]], num_steps: int,
+    spec: DraftSpec,
+    draft: torch.nn.Module,
+    cfg: object,
+    target: FrozenTarget,
+    prompts: list[list[int]],
+    outputs: list[list[int]],
+    num_steps: int,
 ) -> OfflineAcceptance:
     layer_ids = spec.target_layer_ids(cfg, target.config)
     total = OfflineAcceptance(0, 0)

@@ -27,8 +27,11 @@ def load_prompts(source: str | Path = MT_BENCH, limit: int | None = None) -> lis
     ``prompt`` (one string) or ``messages`` (OpenAI format; the user turns are taken, a
     leading system message kept); optional ``id``/``question_id`` and ``category``."""
     if str(source) == MT_BENCH:
-        text = resources.files("eagle_train.evaluate").joinpath(
-            "data/mt_bench/question.jsonl").read_text()
+        text = (
+            resources.files("eagle_train.evaluate")
+            .joinpath("data/mt_bench/question.jsonl")
+            .read_text()
+        )
         name = "mt_bench/question.jsonl"
     else:
         path = Path(source)
@@ -64,5 +67,6 @@ def _parse(line: str, name: str, n: int) -> EvalPrompt:
     if not turns or not all(isinstance(t, str) and t for t in turns):
         raise ValueError(f"{where}: needs at least one non-empty user turn (strings)")
     pid = str(row.get("question_id", row.get("id", n)))
-    return EvalPrompt(id=pid, category=str(row.get("category", "all")), turns=tuple(turns),
-                      system=system)
+    return EvalPrompt(
+        id=pid, category=str(row.get("category", "all")), turns=tuple(turns), system=system
+    )

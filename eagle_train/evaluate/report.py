@@ -22,15 +22,24 @@ def summarize(run: EvalRun) -> dict[str, Any]:
     drafters = {}
     for info in run.drafters:
         rows = by_model[str(info.path)]
-        categories = {c: _aggregate([r for r in rows if r["category"] == c], baseline_tps)
-                      for c in sorted({r["category"] for r in rows})}
-        drafters[str(info.path)] = {
-            "method": info.method, "num_speculative_tokens": info.num_speculative_tokens,
-            "overall": _aggregate(rows, baseline_tps), "categories": categories,
+        categories = {
+            c: _aggregate([r for r in rows if r["category"] == c], baseline_tps)
+            for c in sorted({r["category"] for r in rows})
         }
-    summary = {"target": str(run.settings.target), "prompts": run.settings.prompts,
-               "turns": run.settings.turns, "baseline_tokens_per_s": baseline_tps,
-               "drafters": drafters, "paired": _paired(run, by_model)}
+        drafters[str(info.path)] = {
+            "method": info.method,
+            "num_speculative_tokens": info.num_speculative_tokens,
+            "overall": _aggregate(rows, baseline_tps),
+            "categories": categories,
+        }
+    summary = {
+        "target": str(run.settings.target),
+        "prompts": run.settings.prompts,
+        "turns": run.settings.turns,
+        "baseline_tokens_per_s": baseline_tps,
+        "drafters": drafters,
+        "paired": _paired(run, by_model),
+    }
     return summary
 
 
@@ -38,8 +47,10 @@ def _aggregate(rows: list[dict], baseline_tps: float) -> dict[str, Any]:
     drafts = sum(r["drafts"] for r in rows)
     accepted = sum(r["accepted"] for r in rows)
     width = max((len(r["accepted_per_pos"]) for r in rows), default=0)
-    per_pos = [sum(r["accepted_per_pos"][i] for r in rows if i < len(r["accepted_per_pos"]))
-               for i in range(width)]
+    per_pos = [
+        sum(r["accepted_per_pos"][i] for r in rows if i < len(r["accepted_per_pos"]))
+        for i in range(width)
+    ]
     tps = _tokens_per_s(rows)
     return {
         "requests": len(rows),
@@ -72,24 +83,35 @@ def _paired(run: EvalRun, by_model: dict[str, list[dict]]) -> list[dict[str, Any
 
 
 def to_markdown(summary: dict[str, Any]) -> str:
-    lines = [f"# Acceptance length: {summary['target']} ({summary['prompts']}, "
-             f"turns {summary['turns']})", "",
-             f"Target alone: {summary['baseline_tokens_per_s']:.1f} tokens/s", ""]
+    lines = [
+        f"# Acceptance length: {summary['target']} ({summary['prompts']}, "
+        f"turns {summary['turns']})",
+        "",
+        f"Target alone: {summary['baseline_tokens_per_s']:.1f} tokens/s",
+        "",
+    ]
     for name, d in summary["drafters"].items():
-        lines += [f"## {name} ({d['method']}, K={d['num_speculative_tokens']})", "",
-                  "| category | requests | AL | mean request AL | tokens/s | speedup |",
-                  "|---|---|---|---|---|---|"]
+        lines += [
+            f"## {name} ({d['method']}, K={d['num_speculative_tokens']})",
+            "",
+            "| category | requests | AL | mean request AL | tokens/s | speedup |",
+            "|---|---|---|---|---|---|",
+        ]
         for cat, row in [*d["categories"].items(), ("**overall**", d["overall"])]:
             speed = f"{row['speedup']:.2f}x" if row["speedup"] is not None else "-"
-            lines.append(f"| {cat} | {row['requests']} | {row['acceptance_length']:.3f} | "
-                         f"{row['mean_request_acceptance_length']:.3f} | "
-                         f"{row['tokens_per_s']:.1f} | {speed} |")
+            lines.append(
+                f"| {cat} | {row['requests']} | {row['acceptance_length']:.3f} | "
+                f"{row['mean_request_acceptance_length']:.3f} | "
+                f"{row['tokens_per_s']:.1f} | {speed} |"
+            )
         rates = ", ".join(f"{r:.3f}" for r in d["overall"]["per_position_rate"])
         lines += ["", f"Per-position acceptance rate: {rates}", ""]
     for p in summary["paired"]:
-        lines.append(f"Paired AL difference ({p['b']} - {p['a']}) over {p['n']} requests: "
-                     f"mean {p['mean']:+.3f}, t = {p['t']:.2f}, p = {p['p_value']:.3g}, "
-                     f"95% CI [{p['ci_low']:+.3f}, {p['ci_high']:+.3f}]")
+        lines.append(
+            f"Paired AL difference ({p['b']} - {p['a']}) over {p['n']} requests: "
+            f"mean {p['mean']:+.3f}, t = {p['t']:.2f}, p = {p['p_value']:.3g}, "
+            f"95% CI [{p['ci_low']:+.3f}, {p['ci_high']:+.3f}]"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -121,12 +143,14 @@ def plot(summary: dict[str, Any], path: Path) -> None:
         left.bar([x + i * width for x in range(len(cats))], values, width, label=Path(name).name)
         rates = d["overall"]["per_position_rate"]
         right.plot(range(1, len(rates) + 1), rates, marker="o", label=Path(name).name)
-    left.set_xticks([x + width * (len(names) - 1) / 2 for x in range(len(cats))], cats,
-                    rotation=30, ha="right")
+    left.set_xticks(
+        [x + width * (len(names) - 1) / 2 for x in range(len(cats))], cats, rotation=30, ha="right"
+    )
     left.set_ylabel("acceptance length")
     left.set_title("Acceptance length per category")
-    width_k = max((len(d["overall"]["per_position_rate"]) for d in summary["drafters"].values()),
-                  default=0)
+    width_k = max(
+        (len(d["overall"]["per_position_rate"]) for d in summary["drafters"].values()), default=0
+    )
     right.set_xticks(range(1, width_k + 1))
     right.set_xlabel("draft position")
     right.set_ylabel("acceptance rate")

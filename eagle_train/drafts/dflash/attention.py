@@ -21,7 +21,12 @@ _CHUNK_BYTES = 64 * 2**20
 
 
 def block_attention(
-    q: Tensor, k_ctx: Tensor, v_ctx: Tensor, k_blk: Tensor, v_blk: Tensor, anchors: Tensor,
+    q: Tensor,
+    k_ctx: Tensor,
+    v_ctx: Tensor,
+    k_blk: Tensor,
+    v_blk: Tensor,
+    anchors: Tensor,
     chunk_bytes: int = _CHUNK_BYTES,
 ) -> Tensor:
     """Softmax attention of block queries over their visible context and their own block.
@@ -103,16 +108,26 @@ class _BlockAttention(torch.autograd.Function):
             dvc[:, :, :end] += torch.matmul(p_ctx.transpose(-1, -2), doc_flat)
             dvb[:, :, n0:n1] = torch.matmul(p_blk.transpose(-1, -2), doc)
             dc = delta[:, :, n0:n1]
-            ds_ctx = p_ctx * (torch.matmul(doc_flat, vc.transpose(-1, -2))
-                              - dc.reshape(bt, h, c * b, 1))
+            ds_ctx = p_ctx * (
+                torch.matmul(doc_flat, vc.transpose(-1, -2)) - dc.reshape(bt, h, c * b, 1)
+            )
             ds_blk = p_blk * (torch.matmul(doc, vbc.transpose(-1, -2)) - dc)
-            dq[:, :, n0:n1] = (torch.matmul(ds_ctx, kc).view(bt, h, c, b, -1)
-                               + torch.matmul(ds_blk, kbc)) * scale
-            dkc[:, :, :end] += torch.matmul(ds_ctx.transpose(-1, -2),
-                                            qc.reshape(bt, h, c * b, -1)) * scale
+            dq[:, :, n0:n1] = (
+                torch.matmul(ds_ctx, kc).view(bt, h, c, b, -1) + torch.matmul(ds_blk, kbc)
+            ) * scale
+            dkc[:, :, :end] += (
+                torch.matmul(ds_ctx.transpose(-1, -2), qc.reshape(bt, h, c * b, -1)) * scale
+            )
             dkb[:, :, n0:n1] = torch.matmul(ds_blk.transpose(-1, -2), qc) * scale
-        return (dq.to(q.dtype), dkc.to(k_ctx.dtype), dvc.to(v_ctx.dtype), dkb.to(k_blk.dtype),
-                dvb.to(v_blk.dtype), None, None)
+        return (
+            dq.to(q.dtype),
+            dkc.to(k_ctx.dtype),
+            dvc.to(v_ctx.dtype),
+            dkb.to(k_blk.dtype),
+            dvb.to(v_blk.dtype),
+            None,
+            None,
+        )
 
 
 def _weighted_values(p: Tensor, v_ctx: Tensor, vbc: Tensor, end: int) -> Tensor:

@@ -27,8 +27,11 @@ def select_layer_ids(explicit: list[int] | None, num_features: int, num_layers: 
     concatenates the target's hidden states in layer order)."""
     ids = list(explicit) if explicit is not None else default_layer_ids(num_layers, num_features)
     if not ids or len(set(ids)) != len(ids) or any(not 0 <= i < num_layers for i in ids):
-        source = "draft.target_layer_ids" if explicit is not None else (
-            f"the default for draft.num_target_features={num_features}")
+        source = (
+            "draft.target_layer_ids"
+            if explicit is not None
+            else (f"the default for draft.num_target_features={num_features}")
+        )
         raise ValueError(
             f"{source} gives target layer ids {ids}: they must be distinct 0-based layer "
             f"outputs in 0..{num_layers - 1} (the target has {num_layers} layers); set "
@@ -64,7 +67,7 @@ def valid_anchors(loss_mask: Tensor, lengths: Tensor, block_size: int) -> Tensor
         return ok
     # windows[b, a] = sum of loss_mask[a+1 .. a+span]
     csum = torch.nn.functional.pad(loss_mask.long().cumsum(1), (1, 0))
-    windows = csum[:, span + 1:] - csum[:, 1:length - span + 1]  # a in 0..T-1-span
+    windows = csum[:, span + 1 :] - csum[:, 1 : length - span + 1]  # a in 0..T-1-span
     pos = torch.arange(length - span, device=loss_mask.device)
     inside = (pos[None, :] + span) < lengths[:, None]
     ok[:, : length - span] = (windows == span) & inside & (pos[None, :] >= 1)
@@ -78,7 +81,10 @@ class Anchors:
 
 
 def sample_anchors(
-    loss_mask: Tensor, lengths: Tensor, block_size: int, max_anchors: int,
+    loss_mask: Tensor,
+    lengths: Tensor,
+    block_size: int,
+    max_anchors: int,
     generator: torch.Generator | None = None,
 ) -> Anchors:
     """Up to ``max_anchors`` distinct valid anchors per sequence, uniformly at random (the
@@ -99,4 +105,3 @@ def sample_anchors(
 def block_positions(anchors: Tensor, block_size: int) -> Tensor:
     """(Bt, N, B) positions a+k of every block slot."""
     return anchors[..., None] + torch.arange(block_size, device=anchors.device)
-

@@ -26,11 +26,13 @@ def resolve_mask_token_id(cfg: DFlashConfig, target: PretrainedConfig) -> int:
                 f"draft.mask_token_id is not set and the target tokenizer ({path or 'no path'}) "
                 f"has no mask token: set draft.mask_token_id to the id of a token of the target "
                 f"vocabulary (0..{vocab - 1}) that it never generates, e.g. a reserved special "
-                "token")
+                "token"
+            )
     if not 0 <= token_id < vocab:
         raise ValueError(
             f"draft.mask_token_id {token_id} is not in the target vocabulary (vocab_size "
-            f"{vocab}): expected the id of a target token in 0..{vocab - 1}")
+            f"{vocab}): expected the id of a target token in 0..{vocab - 1}"
+        )
     return token_id
 
 
@@ -45,7 +47,10 @@ def _tokenizer_mask_id(path: str) -> int | None:
 
 
 def vllm_config(
-    cfg: DFlashConfig, target: PretrainedConfig, layer_ids: list[int], mask_token_id: int,
+    cfg: DFlashConfig,
+    target: PretrainedConfig,
+    layer_ids: list[int],
+    mask_token_id: int,
     head_dim: int,
 ) -> dict[str, Any]:
     config: dict[str, Any] = {
@@ -88,5 +93,6 @@ def to_vllm(
     config = vllm_config(cfg, target, layer_ids, resolve_mask_token_id(cfg, target), head_dim)
     names = set(expected_tensors(config)[0])
     tensors = {name: state[name] for name in names if name in state}
-    return VllmDrafter(config=config, tensors=tensors, method="dflash",
-                       num_speculative_tokens=cfg.block_size - 1)
+    return VllmDrafter(
+        config=config, tensors=tensors, method="dflash", num_speculative_tokens=cfg.block_size - 1
+    )

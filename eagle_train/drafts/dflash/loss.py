@@ -35,8 +35,14 @@ def _gather_positions(x: Tensor, positions: Tensor) -> Tensor:
 
 
 def dflash_loss(
-    hidden: Tensor, head: Callable[[Tensor], Tensor], input_ids: Tensor, target_logits: Tensor,
-    anchors: Tensor, valid: Tensor, weights: Tensor, loss_target: str,
+    hidden: Tensor,
+    head: Callable[[Tensor], Tensor],
+    input_ids: Tensor,
+    target_logits: Tensor,
+    anchors: Tensor,
+    valid: Tensor,
+    weights: Tensor,
+    loss_target: str,
     chunk_bytes: int = _CHUNK_BYTES,
 ) -> BlockStats:
     """``hidden`` (Bt, N, B-1, H) draft outputs of slots 1..B-1, ``head`` maps them to
@@ -77,8 +83,13 @@ def dflash_loss(
 class _ChunkTerms:
     """Weighted loss sum and draft argmax of a chunk of blocks (re-run by checkpoint)."""
 
-    def __init__(self, head: Callable[[Tensor], Tensor], input_ids: Tensor,
-                 target_logits: Tensor, loss_target: str) -> None:
+    def __init__(
+        self,
+        head: Callable[[Tensor], Tensor],
+        input_ids: Tensor,
+        target_logits: Tensor,
+        loss_target: str,
+    ) -> None:
         self.head, self.input_ids, self.target_logits = head, input_ids, target_logits
         self.loss_target = loss_target
 
@@ -104,4 +115,3 @@ def accuracy_metrics(stats: BlockStats) -> dict[str, float]:
     out = {f"acc_{k}": a for k, a in enumerate(acc)}
     out["sim_accept_len"] = 1.0 + float(prefix.sum())
     return out
-

@@ -39,7 +39,11 @@ class DFlashShape:
 
     @classmethod
     def from_target(
-        cls, target: PretrainedConfig, num_features: int, num_layers: int, block_size: int,
+        cls,
+        target: PretrainedConfig,
+        num_features: int,
+        num_layers: int,
+        block_size: int,
         mask_token_id: int,
     ) -> DFlashShape:
         heads, kv_heads, head_dim = attention_dims(target)
@@ -96,7 +100,11 @@ class DecoderLayer(nn.Module):
         self.mlp = MLP(s.hidden_size, s.intermediate_size)
 
     def forward(
-        self, h: Tensor, ctx: Tensor, anchors: Tensor, rope_ctx: tuple[Tensor, Tensor],
+        self,
+        h: Tensor,
+        ctx: Tensor,
+        anchors: Tensor,
+        rope_ctx: tuple[Tensor, Tensor],
         rope_blk: tuple[Tensor, Tensor],
     ) -> Tensor:
         """``h`` (Bt, N*B, H) block stream; ``ctx`` (Bt, T, H) the fused target context, the
@@ -109,9 +117,14 @@ class DecoderLayer(nn.Module):
         kb, vb = attn.keys_values(x, rope_blk)
         kc, vc = attn.keys_values(ctx, rope_ctx)
         heads, d = q.shape[1], q.shape[-1]
-        o = block_attention(q.view(bt, heads, n, block, d), kc, vc,
-                            kb.view(bt, heads, n, block, d), vb.view(bt, heads, n, block, d),
-                            anchors)
+        o = block_attention(
+            q.view(bt, heads, n, block, d),
+            kc,
+            vc,
+            kb.view(bt, heads, n, block, d),
+            vb.view(bt, heads, n, block, d),
+            anchors,
+        )
         h = h + attn.o_proj(o.view(bt, heads, nb, d).transpose(1, 2).reshape(bt, nb, -1))
         return h + self.mlp(self.post_attention_layernorm(h))
 
@@ -137,8 +150,9 @@ class DFlashDraft(nn.Module):
         bt, length = input_ids.shape
         n = anchors.shape[1]
         ctx = self.hidden_norm(self.fc(aux.to(self.fc.weight.dtype)))  # (Bt,T,H)
-        tokens = torch.full((bt, n, s.block_size), s.mask_token_id, dtype=input_ids.dtype,
-                            device=input_ids.device)
+        tokens = torch.full(
+            (bt, n, s.block_size), s.mask_token_id, dtype=input_ids.dtype, device=input_ids.device
+        )
         tokens[:, :, 0] = input_ids.gather(1, anchors)
         embed, _ = self._shared
         h = embed(tokens.view(bt, n * s.block_size)).to(self.fc.weight.dtype)

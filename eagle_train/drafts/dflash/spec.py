@@ -37,8 +37,9 @@ class DFlashSpec:
 
     def layer_ids(self, cfg: DFlashConfig, target: PretrainedConfig) -> list[int]:
         """0-based target layer outputs (DFlash's convention, written to dflash_config)."""
-        return select_layer_ids(cfg.target_layer_ids, cfg.num_target_features,
-                                target.num_hidden_layers)
+        return select_layer_ids(
+            cfg.target_layer_ids, cfg.num_target_features, target.num_hidden_layers
+        )
 
     def target_layer_ids(self, cfg: DFlashConfig, target: PretrainedConfig) -> list[int]:
         # the loop's "after k layers" convention: output of 0-based layer i = after i+1
@@ -51,8 +52,11 @@ class DFlashSpec:
         # target's own head (vLLM's DFlash shares it), so there is no draft vocabulary.
         tcfg = target.config
         shape = DFlashShape.from_target(
-            tcfg, num_features=len(self.layer_ids(cfg, tcfg)), num_layers=cfg.num_layers,
-            block_size=cfg.block_size, mask_token_id=export.resolve_mask_token_id(cfg, tcfg),
+            tcfg,
+            num_features=len(self.layer_ids(cfg, tcfg)),
+            num_layers=cfg.num_layers,
+            block_size=cfg.block_size,
+            mask_token_id=export.resolve_mask_token_id(cfg, tcfg),
         )
         return DFlashDraft(shape, tcfg, target.embed_tokens(), target.lm_head()).float()
 
@@ -63,27 +67,42 @@ class DFlashSpec:
         generator = None
         if not module.training:
             generator = torch.Generator(batch.input_ids.device).manual_seed(_VALIDATION_SEED)
-        anchors = sample_anchors(batch.loss_mask, batch.lengths, cfg.block_size,
-                                 cfg.num_anchors, generator)
+        anchors = sample_anchors(
+            batch.loss_mask, batch.lengths, cfg.block_size, cfg.num_anchors, generator
+        )
         hidden = draft(features.aux, batch.input_ids, anchors.positions)
         weights = slot_weights(cfg.block_size, loss_gamma(cfg.block_size, cfg.loss_gamma))
         # slot 0 holds the anchor: nothing to predict there
-        stats = dflash_loss(hidden[:, :, 1:], module.logits, batch.input_ids, features.logits,
-                            anchors.positions, anchors.valid, weights, cfg.loss_target)
+        stats = dflash_loss(
+            hidden[:, :, 1:],
+            module.logits,
+            batch.input_ids,
+            features.logits,
+            anchors.positions,
+            anchors.valid,
+            weights,
+            cfg.loss_target,
+        )
         metrics = {"loss": stats.loss.item(), **accuracy_metrics(stats)}
         return StepResult(loss=stats.loss, metrics=metrics, weight=int(anchors.valid.sum()))
 
     @torch.no_grad()
     def propose(
-        self, draft: nn.Module, features: TargetFeatures, input_ids: Tensor, cfg: DFlashConfig,
+        self,
+        draft: nn.Module,
+        features: TargetFeatures,
+        input_ids: Tensor,
+        cfg: DFlashConfig,
         num_steps: int,
     ) -> Tensor:
         """Entry [t, k] = slot k+1 of the block anchored at x_{t+1}: context <= t, exactly
         what vLLM drafts once x_{t+1} is the last accepted token. DFlash does not chain:
         the whole block comes from one forward, so no proposal depends on another."""
         if num_steps > cfg.block_size - 1:
-            raise ValueError(f"a DFlash block of {cfg.block_size} proposes at most "
-                             f"{cfg.block_size - 1} tokens, asked for {num_steps}")
+            raise ValueError(
+                f"a DFlash block of {cfg.block_size} proposes at most "
+                f"{cfg.block_size - 1} tokens, asked for {num_steps}"
+            )
         bt, length = input_ids.shape
         # Anchor t+1 for t = 0..T-2; slot T-1 has no next token (its row repeats the last).
         anchors = torch.arange(1, max(length, 2), device=input_ids.device)

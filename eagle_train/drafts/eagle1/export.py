@@ -46,5 +46,9 @@ def to_vllm(state: dict[str, Tensor], cfg: Eagle1Config, target: PretrainedConfi
     config = vllm_config(cfg, target, head_dim)
     names = set(expected_tensors(config)[0])  # the frozen embedding/head copies stay behind
     tensors = {name: state[name] for name in names if name in state}
-    return VllmDrafter(config=config, tensors=tensors, method="eagle",
-                       num_speculative_tokens=cfg.num_speculative_tokens)
+    return VllmDrafter(
+        config=config,
+        tensors=tensors,
+        method="eagle",
+        num_speculative_tokens=cfg.num_speculative_tokens,
+    )

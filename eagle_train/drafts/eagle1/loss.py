@@ -22,17 +22,27 @@ class Eagle1Loss:
 
 
 def eagle1_loss(
-    pred_feature: Tensor, pred_logits: Tensor, target_feature: Tensor, target_logits: Tensor,
-    mask: Tensor, feature_weight: float, logit_weight: float,
+    pred_feature: Tensor,
+    pred_logits: Tensor,
+    target_feature: Tensor,
+    target_logits: Tensor,
+    mask: Tensor,
+    feature_weight: float,
+    logit_weight: float,
 ) -> Eagle1Loss:
     """All (B,T,*) aligned on slots: ``target_*`` already taken at position t+1."""
     n = mask.sum().clamp(min=1)
-    per_slot = F.smooth_l1_loss(pred_feature.float(), target_feature.float(),
-                                reduction="none").mean(-1)
+    per_slot = F.smooth_l1_loss(
+        pred_feature.float(), target_feature.float(), reduction="none"
+    ).mean(-1)
     feature = (per_slot * mask).sum() / n
     p = torch.softmax(target_logits.float(), dim=-1)
     ce = -(p * torch.log_softmax(pred_logits.float(), dim=-1)).sum(-1)
     logit = (ce * mask).sum() / n
     correct = pred_logits.argmax(-1) == target_logits.argmax(-1)
-    return Eagle1Loss(loss=feature_weight * feature + logit_weight * logit, feature=feature,
-                      logit=logit, correct=correct)
+    return Eagle1Loss(
+        loss=feature_weight * feature + logit_weight * logit,
+        feature=feature,
+        logit=logit,
+        correct=correct,
+    )

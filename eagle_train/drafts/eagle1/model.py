@@ -34,7 +34,10 @@ class DecoderLayer(nn.Module):
         self.mlp = MLP(s.hidden_size, s.intermediate_size)
 
     def forward(
-        self, h: Tensor, rope: tuple[Tensor, Tensor], mask: Tensor | None = None,
+        self,
+        h: Tensor,
+        rope: tuple[Tensor, Tensor],
+        mask: Tensor | None = None,
         kv: LayerKV | None = None,
     ) -> Tensor:
         """``h`` (B,N,H). Attention: ``mask`` (B,1,N,N) bool (True = may attend); None and

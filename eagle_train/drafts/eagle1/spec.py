@@ -20,8 +20,13 @@ from eagle_train.drafts.eagle3.model import DraftShape, shift_left
 from eagle_train.target import FrozenTarget, TargetFeatures
 
 # Keys only EAGLE-3-family or DFlash drafters write; a plain Llama config has none of them.
-_OTHER_FORMATS = ("eagle_aux_hidden_state_layer_ids", "num_aux_hidden_states",
-                  "draft_vocab_size", "parallel_drafting", "dflash_config")
+_OTHER_FORMATS = (
+    "eagle_aux_hidden_state_layer_ids",
+    "num_aux_hidden_states",
+    "draft_vocab_size",
+    "parallel_drafting",
+    "dflash_config",
+)
 
 
 class Eagle1Spec:
@@ -31,8 +36,9 @@ class Eagle1Spec:
 
     def recognizes(self, config: dict[str, Any]) -> bool:
         archs = config.get("architectures") or []
-        return (not any(key in config for key in _OTHER_FORMATS)
-                and any(a in ("LlamaForCausalLM", "EagleLlamaForCausalLM") for a in archs))
+        return not any(key in config for key in _OTHER_FORMATS) and any(
+            a in ("LlamaForCausalLM", "EagleLlamaForCausalLM") for a in archs
+        )
 
     def target_layer_ids(self, cfg: Eagle1Config, target: PretrainedConfig) -> list[int]:
         return []  # EAGLE-1 reads TargetFeatures.final (after the final norm) only
@@ -43,8 +49,9 @@ class Eagle1Spec:
         # The draft predicts features for the target's own head: the full target vocab,
         # whatever draft vocabulary the data preparation computed.
         tcfg = target.config
-        shape = DraftShape.from_target(tcfg, num_aux=1, draft_vocab_size=tcfg.vocab_size,
-                                       qk_norm=False)
+        shape = DraftShape.from_target(
+            tcfg, num_aux=1, draft_vocab_size=tcfg.vocab_size, qk_norm=False
+        )
         draft = Eagle1Draft(shape, tcfg, cfg.num_layers).float()
         with torch.no_grad():
             draft.embed_tokens.weight.copy_(target.embed_tokens().weight.float())
@@ -62,18 +69,31 @@ class Eagle1Spec:
             feature = feature + (torch.rand_like(feature) * 2 - 1) * cfg.feature_noise
         (pred,) = draft(feature, batch.input_ids, 1)
         mask = valid_slots(batch.loss_mask, batch.lengths, 0)
-        out = eagle1_loss(pred, module.lm_head(pred), shift_left(features.final, 1),
-                          shift_left(features.logits, 1), mask, cfg.feature_weight,
-                          cfg.logit_weight)
+        out = eagle1_loss(
+            pred,
+            module.lm_head(pred),
+            shift_left(features.final, 1),
+            shift_left(features.logits, 1),
+            mask,
+            cfg.feature_weight,
+            cfg.logit_weight,
+        )
         n = int(mask.sum())
-        metrics = {"loss": out.loss.item(), "loss_feature": out.feature.item(),
-                   "loss_logit": out.logit.item(),
-                   "acc_0": (out.correct & mask).sum().item() / max(n, 1)}
+        metrics = {
+            "loss": out.loss.item(),
+            "loss_feature": out.feature.item(),
+            "loss_logit": out.logit.item(),
+            "acc_0": (out.correct & mask).sum().item() / max(n, 1),
+        }
         return StepResult(loss=out.loss, metrics=metrics, weight=n)
 
     @torch.no_grad()
     def propose(
-        self, draft: nn.Module, features: TargetFeatures, input_ids: Tensor, cfg: Eagle1Config,
+        self,
+        draft: nn.Module,
+        features: TargetFeatures,
+        input_ids: Tensor,
+        cfg: Eagle1Config,
         num_steps: int,
     ) -> Tensor:
         preds = draft(features.final.to(draft.fc.weight.dtype), input_ids, num_steps)

@@ -92,8 +92,15 @@ class _TTTAttention(torch.autograd.Function):
             dc = delta[:, :, start:end, None]
             ds0 = p0 * (torch.matmul(doc, v0c.transpose(-1, -2)) - dc)
             dsd = pd * ((doc.unsqueeze(-2) * vdc).sum(-1) - dc)
-            dq[:, :, start:end] = (torch.matmul(ds0, k0c) + (dsd.unsqueeze(-1) * kdc).sum(-2)) * scale
+            dq[:, :, start:end] = (
+                torch.matmul(ds0, k0c) + (dsd.unsqueeze(-1) * kdc).sum(-2)
+            ) * scale
             dk0[:, :, :end] += torch.matmul(ds0.transpose(-1, -2), qc) * scale
             dkd[:, :, start:end] = dsd.unsqueeze(-1) * qc.unsqueeze(-2) * scale
-        return (dq.to(q.dtype), dk0.to(k0.dtype), dv0.to(v0.dtype), dkd.to(kd.dtype),
-                dvd.to(vd.dtype))
+        return (
+            dq.to(q.dtype),
+            dk0.to(k0.dtype),
+            dv0.to(v0.dtype),
+            dkd.to(kd.dtype),
+            dvd.to(vd.dtype),
+        )

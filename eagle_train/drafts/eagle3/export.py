@@ -19,7 +19,10 @@ def layer_style(cfg: Eagle3Config, target: PretrainedConfig) -> str:
 
 
 def vllm_config(
-    cfg: Eagle3Config, target: PretrainedConfig, layer_ids: list[int], draft_vocab_size: int,
+    cfg: Eagle3Config,
+    target: PretrainedConfig,
+    layer_ids: list[int],
+    draft_vocab_size: int,
     head_dim: int,
 ) -> dict[str, Any]:
     style = layer_style(cfg, target)
@@ -67,5 +70,6 @@ def to_vllm(
     if cfg.train_embedding:  # a trained embedding differs from the target's: ship it
         names.add("embed_tokens.weight")
     tensors = {name: state[name] for name in names if name in state}
-    return VllmDrafter(config=config, tensors=tensors, method="eagle3",
-                       num_speculative_tokens=cfg.ttt_steps)
+    return VllmDrafter(
+        config=config, tensors=tensors, method="eagle3", num_speculative_tokens=cfg.ttt_steps
+    )

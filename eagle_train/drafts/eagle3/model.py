@@ -125,8 +125,9 @@ class Eagle3Draft(nn.Module):
         pre-norm output; ``tokens`` (B,T) the next ground-truth token of each slot. The step's
         keys are appended to ``kv``. Returns this step's pre-norm output (B,T,H)."""
         layer = self.layers[0]
-        x = torch.cat([layer.input_layernorm(self.embed_tokens(tokens)),
-                       layer.hidden_norm(hidden)], dim=-1)
+        x = torch.cat(
+            [layer.input_layernorm(self.embed_tokens(tokens)), layer.hidden_norm(hidden)], dim=-1
+        )
         q, k, v = layer.self_attn.project(x, self.rotary(x, positions))
         if not kv:  # step 0: plain causal attention over the real context
             attn = F.scaled_dot_product_attention(q, k, v, is_causal=True)

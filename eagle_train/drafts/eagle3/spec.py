@@ -24,10 +24,11 @@ class Eagle3Spec:
 
     def recognizes(self, config: dict[str, Any]) -> bool:
         archs = config.get("architectures") or []
-        return (not config.get("parallel_drafting")
-                and ("eagle_aux_hidden_state_layer_ids" in config
-                     or "num_aux_hidden_states" in config
-                     or any(a.startswith("Eagle3") or a.endswith("Eagle3") for a in archs)))
+        return not config.get("parallel_drafting") and (
+            "eagle_aux_hidden_state_layer_ids" in config
+            or "num_aux_hidden_states" in config
+            or any(a.startswith("Eagle3") or a.endswith("Eagle3") for a in archs)
+        )
 
     def target_layer_ids(self, cfg: Eagle3Config, target: PretrainedConfig) -> list[int]:
         num_layers = target.num_hidden_layers
@@ -45,7 +46,9 @@ class Eagle3Spec:
         tcfg = target.config
         vd = len(vocab.d2t) if vocab is not None else tcfg.vocab_size
         shape = DraftShape.from_target(
-            tcfg, num_aux=len(self.target_layer_ids(cfg, tcfg)), draft_vocab_size=vd,
+            tcfg,
+            num_aux=len(self.target_layer_ids(cfg, tcfg)),
+            draft_vocab_size=vd,
             qk_norm=export.layer_style(cfg, tcfg) == "qwen3",
         )
         draft = Eagle3Draft(shape, tcfg).float()
@@ -65,8 +68,9 @@ class Eagle3Spec:
     ) -> StepResult:
         module = getattr(draft, "module", draft)  # DDP-wrapped or not
         out = draft(features.aux.to(module.fc.weight.dtype), batch.input_ids, cfg.ttt_steps)
-        stats = eagle3_loss(out.logits, features.logits, batch.loss_mask, batch.lengths,
-                            module.d2t, cfg.step_decay)
+        stats = eagle3_loss(
+            out.logits, features.logits, batch.loss_mask, batch.lengths, module.d2t, cfg.step_decay
+        )
         metrics = {"loss": stats.loss.item(), **accuracy_metrics(stats)}
         for k, value in enumerate(stats.step_losses):
             metrics[f"loss_{k}"] = value
@@ -74,7 +78,11 @@ class Eagle3Spec:
 
     @torch.no_grad()
     def propose(
-        self, draft: nn.Module, features: TargetFeatures, input_ids: Tensor, cfg: Eagle3Config,
+        self,
+        draft: nn.Module,
+        features: TargetFeatures,
+        input_ids: Tensor,
+        cfg: Eagle3Config,
         num_steps: int,
     ) -> Tensor:
         out = draft(features.aux.to(draft.fc.weight.dtype), input_ids, num_steps)

@@ -32,6 +32,8 @@ class PEagleConfig(StrictModel):
     @model_validator(mode="after")
     def _ratios(self) -> PEagleConfig:
         if self.min_keep_ratio > self.keep_ratio:
-            raise ValueError(f"draft.min_keep_ratio {self.min_keep_ratio} must not exceed "
-                             f"draft.keep_ratio {self.keep_ratio}")
+            raise ValueError(
+                f"draft.min_keep_ratio {self.min_keep_ratio} must not exceed "
+                f"draft.keep_ratio {self.keep_ratio}"
+            )
         return self

@@ -16,14 +16,19 @@ from eagle_train.drafts.peagle.config import PEagleConfig
 
 
 def vllm_config(
-    cfg: PEagleConfig, target: PretrainedConfig, layer_ids: list[int], draft_vocab_size: int,
-    head_dim: int, mask_token_id: int,
+    cfg: PEagleConfig,
+    target: PretrainedConfig,
+    layer_ids: list[int],
+    draft_vocab_size: int,
+    head_dim: int,
+    mask_token_id: int,
 ) -> dict[str, Any]:
     config = eagle3_export.vllm_config(cfg, target, layer_ids, draft_vocab_size, head_dim)
     # vLLM ignores parallel_drafting in config.json (the speculative config turns it on);
     # it marks the format so that it is not taken for a plain EAGLE-3 drafter.
-    config.update(num_hidden_layers=cfg.num_layers, mask_token_id=mask_token_id,
-                  parallel_drafting=True)
+    config.update(
+        num_hidden_layers=cfg.num_layers, mask_token_id=mask_token_id, parallel_drafting=True
+    )
     return config
 
 
@@ -52,6 +57,10 @@ def to_vllm(
         embed = state["embed_tokens.weight"].clone()
         embed[mask_id] = state["mask_embedding"].to(embed.dtype)
         tensors["embed_tokens.weight"] = embed
-    return VllmDrafter(config=config, tensors=tensors, method="eagle3",
-                       num_speculative_tokens=cfg.parallel_steps,
-                       extra_speculative_config={"parallel_drafting": True})
+    return VllmDrafter(
+        config=config,
+        tensors=tensors,
+        method="eagle3",
+        num_speculative_tokens=cfg.parallel_steps,
+        extra_speculative_config={"parallel_drafting": True},
+    )

@@ -29,8 +29,9 @@ class PEagleDraft(nn.Module):
         self.mask_embedding = nn.Parameter(torch.zeros(s.hidden_size))
         self.mask_hidden = nn.Parameter(torch.zeros(s.num_aux * s.target_hidden_size))
         self.fc = nn.Linear(s.num_aux * s.target_hidden_size, s.hidden_size, bias=False)
-        self.layers = nn.ModuleList([FusedLayer(s)]
-                                    + [DecoderLayer(s) for _ in range(num_layers - 1)])
+        self.layers = nn.ModuleList(
+            [FusedLayer(s)] + [DecoderLayer(s) for _ in range(num_layers - 1)]
+        )
         self.norm = RMSNorm(s.hidden_size, s.rms_norm_eps)
         self.lm_head = nn.Linear(s.hidden_size, s.draft_vocab_size, bias=False)
         self.register_buffer("d2t", torch.zeros(s.draft_vocab_size, dtype=torch.long))

@@ -16,15 +16,21 @@ from torch import Tensor
 def supervision(loss_mask: Tensor, lengths: Tensor, depths: int) -> Tensor:
     """(B,T,K) bool: element (a, d) predicts a real assistant token x_{a+2+d}."""
     b, t = loss_mask.shape
-    pos = torch.arange(t, device=loss_mask.device)[:, None] + 2 + torch.arange(
-        depths, device=loss_mask.device)[None, :]  # (T,K) target position
+    pos = (
+        torch.arange(t, device=loss_mask.device)[:, None]
+        + 2
+        + torch.arange(depths, device=loss_mask.device)[None, :]
+    )  # (T,K) target position
     inside = pos[None] < lengths[:, None, None]
     padded = torch.cat([loss_mask.bool(), loss_mask.new_zeros(b, depths + 2).bool()], dim=1)
     return inside & padded[:, pos]
 
 
 def sample_elements(
-    lengths: Tensor, t: int, depths: int, supervised: Tensor | None,
+    lengths: Tensor,
+    t: int,
+    depths: int,
+    supervised: Tensor | None,
     keep: list[float] | None,
 ) -> Tensor:
     """(B,T,K) bool grid of the elements to compute.
@@ -76,8 +82,10 @@ class Elements:
 
     def pick(self, grid: Tensor) -> Tensor:
         """(B,M) bool: which elements are set in a (B,T,K) grid."""
-        return grid[torch.arange(len(grid), device=grid.device)[:, None], self.anchor,
-                    self.depth] & self.valid
+        return (
+            grid[torch.arange(len(grid), device=grid.device)[:, None], self.anchor, self.depth]
+            & self.valid
+        )
 
 
 def attention_mask(e: Elements) -> Tensor:

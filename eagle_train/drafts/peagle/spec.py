@@ -47,7 +47,9 @@ class PEagleSpec:
         mask_id = resolve_mask_token_id(cfg, target)
         vd = len(vocab.d2t) if vocab is not None else tcfg.vocab_size
         shape = DraftShape.from_target(
-            tcfg, num_aux=len(self.target_layer_ids(cfg, tcfg)), draft_vocab_size=vd,
+            tcfg,
+            num_aux=len(self.target_layer_ids(cfg, tcfg)),
+            draft_vocab_size=vd,
             qk_norm=layer_style(cfg, tcfg) == "qwen3",
         )
         draft = PEagleDraft(shape, tcfg, cfg.num_layers).float()
@@ -64,7 +66,11 @@ class PEagleSpec:
         return draft
 
     def loss_parts(
-        self, draft: nn.Module, features: TargetFeatures, batch: Batch, cfg: PEagleConfig,
+        self,
+        draft: nn.Module,
+        features: TargetFeatures,
+        batch: Batch,
+        cfg: PEagleConfig,
         num_segments: int | None = None,
     ) -> list[Callable[[], StepResult]]:
         """One thunk per anchor segment; sampling happens here, once. Each thunk's loss is
@@ -90,9 +96,12 @@ class PEagleSpec:
                 loss, kl = peagle_loss(logits, target, sup, total)
                 n = int(sup.sum())
                 correct = logits.argmax(-1) == target.argmax(-1)
-                metrics = {"loss": (kl * sup).sum().item() / max(n, 1),
-                           **depth_metrics(correct, sup, e, grid.shape[1], k)}
+                metrics = {
+                    "loss": (kl * sup).sum().item() / max(n, 1),
+                    **depth_metrics(correct, sup, e, grid.shape[1], k),
+                }
                 return StepResult(loss=loss, metrics=metrics, weight=n)
+
             return run
 
         segments = num_segments or cfg.num_segments
@@ -106,7 +115,11 @@ class PEagleSpec:
 
     @torch.no_grad()
     def propose(
-        self, draft: nn.Module, features: TargetFeatures, input_ids: Tensor, cfg: PEagleConfig,
+        self,
+        draft: nn.Module,
+        features: TargetFeatures,
+        input_ids: Tensor,
+        cfg: PEagleConfig,
         num_steps: int,
     ) -> Tensor:
         """All depths of every anchor in one forward: entry [t, d] guesses x_{t+2+d}."""
@@ -141,14 +154,19 @@ def resolve_mask_token_id(cfg: PEagleConfig, target: FrozenTarget) -> int:
         try:
             mask_id = AutoTokenizer.from_pretrained(path).mask_token_id
         except (OSError, ValueError) as exc:
-            raise ValueError(f"draft.mask_token_id is not set and the target's tokenizer at "
-                             f"{path!r} could not be read ({exc}); set draft.mask_token_id"
-                             ) from None
+            raise ValueError(
+                f"draft.mask_token_id is not set and the target's tokenizer at "
+                f"{path!r} could not be read ({exc}); set draft.mask_token_id"
+            ) from None
         if mask_id is None:
-            raise ValueError(f"draft.mask_token_id is not set and the target's tokenizer at "
-                             f"{path!r} has no mask token; set draft.mask_token_id to a "
-                             f"reserved token id in 0..{vocab_size - 1}")
+            raise ValueError(
+                f"draft.mask_token_id is not set and the target's tokenizer at "
+                f"{path!r} has no mask token; set draft.mask_token_id to a "
+                f"reserved token id in 0..{vocab_size - 1}"
+            )
     if not 0 <= mask_id < vocab_size:
-        raise ValueError(f"draft.mask_token_id {mask_id} is outside the target vocabulary "
-                         f"(expected 0..{vocab_size - 1})")
+        raise ValueError(
+            f"draft.mask_token_id {mask_id} is outside the target vocabulary "
+            f"(expected 0..{vocab_size - 1})"
+        )
     return mask_id
