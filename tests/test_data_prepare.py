@@ -84,7 +84,7 @@ def test_prepare_round_trip(tmp_path, tokenizer_dir, tokenizer):
     for row, messages in zip(
         ds, [CHATS[0]["messages"], sharegpt, CHATS[2]["messages"]], strict=True
     ):
-        expected = renderer.tokenize(messages, cfg.max_length, "x:1")
+        expected = renderer.tokenize_rows(messages, cfg.max_length, "x:1")[0]
         assert (row["input_ids"], row["loss_mask"]) == (expected.input_ids, expected.loss_mask)
     meta = read_meta(cfg.output_dir)
     assert meta["tokenizer"] == str(tokenizer_dir.resolve())

@@ -93,12 +93,49 @@ BAD = {
     ),
     "unknown_sharegpt_role": (
         json.dumps({"conversations": [{"from": "function_call", "value": "x"}]}),
-        "unknown role 'function_call'",
+        "unknown from 'function_call'",
     ),
     "empty_conversation": (json.dumps({"messages": []}), "empty conversation"),
     "non_string_content": (
+        json.dumps({"messages": [{"role": "user", "content": 42}]}),
+        "content must be a string or a list of text parts, got int",
+    ),
+    "text_part_without_text": (
         json.dumps({"messages": [{"role": "user", "content": [{"type": "text"}]}]}),
-        "content must be a string, got list",
+        "message 1: content part 1 has no 'text' string",
+    ),
+    "image_part": (
+        json.dumps(
+            {
+                "messages": [
+                    {
+                        "role": "user",
+                        "content": [
+                            {"type": "text", "text": "see"},
+                            {"type": "image_url", "image_url": {"url": "x.png"}},
+                        ],
+                    }
+                ]
+            }
+        ),
+        "message 1: content part 2 is 'image_url', not text",
+    ),
+    "bad_tool_arguments": (
+        json.dumps(
+            {
+                "messages": [
+                    {"role": "user", "content": "x"},
+                    {
+                        "role": "assistant",
+                        "content": None,
+                        "tool_calls": [
+                            {"type": "function", "function": {"name": "f", "arguments": "{oops"}}
+                        ],
+                    },
+                ]
+            }
+        ),
+        "message 2: tool call 1: arguments are not valid JSON",
     ),
     "null_content": (
         json.dumps({"conversations": [{"from": "human", "value": None}]}),
@@ -131,7 +168,8 @@ def test_skip_mode_counts_each_reason(tmp_path):
         "unknown_role": 2,
         "empty_conversation": 1,
         "non_string_content": 2,
-        "bad_format": 2,
+        "non_text_content": 1,
+        "bad_format": 4,
     }
     assert reader.num_records == len(records) + policy.num_skipped == len(lines)
 

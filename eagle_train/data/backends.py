@@ -38,11 +38,23 @@ class GenerationSettings:
         return self.temperature == 0.0
 
 
+@dataclass(frozen=True)
+class Sampling:
+    """Sampling for one call, instead of the backend's configured one (prompt synthesis)."""
+
+    temperature: float
+    top_p: float
+
+
 class GenerationBackend(Protocol):
     name: str
 
     def generate(
-        self, prompts: list[list[int]], max_new_tokens: list[int], seeds: list[int]
+        self,
+        prompts: list[list[int]],
+        max_new_tokens: list[int],
+        seeds: list[int],
+        sampling: Sampling | None = None,
     ) -> list[list[int]]:
         """Generated ids per prompt: at most ``max_new_tokens[i]``, ending at a stop token if any."""
         ...
@@ -115,10 +127,23 @@ class TransformersBackend:
         }
 
     def generate(
-        self, prompts: list[list[int]], max_new_tokens: list[int], seeds: list[int]
+        self,
+        prompts: list[list[int]],
+        max_new_tokens: list[int],
+        seeds: list[int],
+        sampling: Sampling | None = None,
     ) -> list[list[int]]:
         from transformers import GenerationConfig
 
+        kwargs = self.sampling
+        if sampling is not None:
+            kwargs = {
+                **kwargs,
+                "do_sample": True,
+                "temperature": sampling.temperature,
+                "top_p": sampling.top_p,
+                "top_k": 0,
+            }
         width = max(len(p) for p in prompts)
         pad = self.settings.pad_token_id
         # Left padding keeps every prompt's last token at the same position for generation.
@@ -126,9 +151,9 @@ class TransformersBackend:
         attention = torch.tensor(
             [[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=self.device
         )
-        if not self.settings.greedy:
+        if kwargs["do_sample"]:
             torch.manual_seed(seeds[0])  # sampled output depends on the batch composition here
-        config = GenerationConfig(max_new_tokens=max(max_new_tokens), **self.sampling)
+        config = GenerationConfig(max_new_tokens=max(max_new_tokens), **kwargs)
         with torch.inference_mode():
             out = self.model.generate(
                 input_ids=ids, attention_mask=attention, generation_config=config
@@ -162,17 +187,23 @@ class VllmBackend:
         ).open()
 
     def generate(
-        self, prompts: list[list[int]], max_new_tokens: list[int], seeds: list[int]
+        self,
+        prompts: list[list[int]],
+        max_new_tokens: list[int],
+        seeds: list[int],
+        sampling: Sampling | None = None,
     ) -> list[list[int]]:
         from vllm import SamplingParams, TokensPrompt
 
         s = self.settings
+        temperature = s.temperature if sampling is None else sampling.temperature
+        top_p = s.top_p if sampling is None else sampling.top_p
         params = [
             SamplingParams(
-                temperature=s.temperature,
-                top_p=s.top_p,
+                temperature=temperature,
+                top_p=top_p,
                 max_tokens=n,
-                seed=None if s.greedy else seed,
+                seed=None if temperature == 0.0 else seed,
                 stop_token_ids=list(s.stop_token_ids),
             )
             for n, seed in zip(max_new_tokens, seeds, strict=True)

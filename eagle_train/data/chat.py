@@ -12,7 +12,17 @@ Two ways to find those character spans in the rendered text:
   start with ``S_i`` and ``S_i`` with ``P_i``, and the span is ``[len(P_i), len(S_i))`` with
   trailing whitespace stripped.
 
-Either way the full text is tokenized once with offsets, and a token is masked when its
+Templates that rewrite earlier turns once later ones exist (Qwen3 drops ``<think>`` from past
+assistant turns) do not render prefix-consistently: the full rendering does not start with
+``S_i``. Then each assistant turn becomes its own training row, ``S_i`` with the span
+``[len(P_i), len(S_i))``: the conversation up to that turn exactly as the template renders it
+when the target answers that turn at serving time (the peers' per-turn samples).
+
+``template_kwargs`` (``chat_template_kwargs``, e.g. ``enable_thinking``) reach every rendering,
+so a ``<think></think>`` block the template writes into the generation prompt is prompt, not
+supervised, and one the model generates is inside the span.
+
+Either way each row's text is tokenized once with offsets, and a token is masked when its
 characters lie inside a span. A token that straddles a span boundary means the tokenizer merges
 prompt and response text, so no per-token mask is right: that is a ``DataError``
 (reason ``token_straddles_span``), never a guess.
@@ -28,7 +38,7 @@ from typing import Any
 import jinja2
 
 from eagle_train.data.errors import DataError
-from eagle_train.data.records import Message
+from eagle_train.data.messages import Message
 
 GENERATION_TAG = re.compile(r"\{%-?\s*generation\s*-?%\}")
 Span = tuple[int, int]
@@ -48,7 +58,12 @@ class TokenizedChat:
 class ChatRenderer:
     """Renders conversations with one chat template and tokenizes them with a loss mask."""
 
-    def __init__(self, tokenizer: Any, chat_template: str | None = None) -> None:
+    def __init__(
+        self,
+        tokenizer: Any,
+        chat_template: str | None = None,
+        template_kwargs: dict[str, Any] | None = None,
+    ) -> None:
         if not getattr(tokenizer, "is_fast", False):
             raise DataError(
                 "a fast tokenizer is needed (offsets map tokens to characters)", reason="config"
@@ -63,6 +78,7 @@ class ChatRenderer:
             )
         self.tokenizer = tokenizer
         self.template: str = template
+        self.template_kwargs: dict[str, Any] = dict(template_kwargs or {})
         self.uses_generation_blocks = bool(GENERATION_TAG.search(template))
         self.template_sha256 = hashlib.sha256(template.encode()).hexdigest()
 
@@ -75,8 +91,9 @@ class ChatRenderer:
                 chat_template=self.template,
                 tokenize=False,
                 add_generation_prompt=add_generation_prompt,
+                **self.template_kwargs,
             )
-        except jinja2.TemplateError as exc:
+        except (jinja2.TemplateError, TypeError, KeyError, AttributeError) as exc:
             raise DataError(
                 f"{where}: chat template failed: {exc}", reason="template_error"
             ) from None
@@ -90,18 +107,19 @@ class ChatRenderer:
         bos = self.tokenizer.bos_token
         return not (bos and text.startswith(bos))
 
-    def assistant_spans(self, messages: list[Message], where: str) -> tuple[str, list[Span]]:
-        """The full rendering and the character spans of its assistant turns."""
+    def training_rows(self, messages: list[Message], where: str) -> list[tuple[str, list[Span]]]:
+        """Texts to train on, each with the character spans of its assistant turns: the whole
+        conversation as one row, or one row per assistant turn (see the module docstring)."""
         if self.uses_generation_blocks:
-            text, spans = self._generation_spans(messages, where)
+            rows = [self._generation_spans(messages, where)]
         else:
-            text, spans = self._prefix_spans(messages, where)
-        if not spans and any(m["role"] == "assistant" for m in messages):
+            rows = self._prefix_rows(messages, where)
+        if not any(spans for _, spans in rows) and any(m["role"] == "assistant" for m in messages):
             raise DataError(
                 f"{where}: chat template does not mark any assistant span",
                 reason="no_assistant_spans",
             )
-        return text, spans
+        return rows
 
     def _generation_spans(self, messages: list[Message], where: str) -> tuple[str, list[Span]]:
         from transformers.utils.chat_template_utils import render_jinja_template
@@ -111,17 +129,17 @@ class ChatRenderer:
                 conversations=[messages],
                 chat_template=self.template,
                 return_assistant_tokens_mask=True,
-                **self.tokenizer.special_tokens_map,
+                **{**self.tokenizer.special_tokens_map, **self.template_kwargs},
             )
-        except jinja2.TemplateError as exc:
+        except (jinja2.TemplateError, TypeError, KeyError, AttributeError) as exc:
             raise DataError(
                 f"{where}: chat template failed: {exc}", reason="template_error"
             ) from None
         return rendered[0], [(s, e) for s, e in indices[0] if e > s]
 
-    def _prefix_spans(self, messages: list[Message], where: str) -> tuple[str, list[Span]]:
+    def _prefix_rows(self, messages: list[Message], where: str) -> list[tuple[str, list[Span]]]:
         full = self.render(messages, where=where)
-        spans = []
+        turns: list[tuple[str, Span]] = []  # (S_i, span) per assistant message
         for i, msg in enumerate(messages):
             if msg["role"] != "assistant":
                 continue
@@ -132,10 +150,11 @@ class ChatRenderer:
                 )
             prompt = self.render(messages[:i], add_generation_prompt=True, where=where)
             turn = self.render(messages[: i + 1], where=where)
-            if not (full.startswith(turn) and turn.startswith(prompt)):
+            if not turn.startswith(prompt):
                 raise DataError(
-                    "chat template does not render this conversation prefix-consistently, so "
-                    f"assistant spans cannot be marked: {where} (assistant message {i + 1})",
+                    f"{where}: assistant message {i + 1}: the chat template's generation prompt "
+                    "is not the start of the rendered turn, so what the target generates cannot "
+                    "be marked",
                     reason="template_not_prefix_consistent",
                 )
             end = len(turn.rstrip())
@@ -144,21 +163,29 @@ class ChatRenderer:
                     f"{where}: chat template renders nothing for assistant message {i + 1}",
                     reason="no_assistant_spans",
                 )
-            spans.append((len(prompt), end))
-        return full, spans
+            turns.append((turn, (len(prompt), end)))
+        if all(full.startswith(turn) for turn, _ in turns):
+            return [(full, [span for _, span in turns])]
+        # The template rewrites earlier turns: one row per turn, as served.
+        return [(turn, [span]) for turn, span in turns]
 
-    def tokenize(self, messages: list[Message], max_length: int, where: str) -> TokenizedChat:
-        """Render once, tokenize once, mask assistant tokens, truncate to ``max_length``."""
-        text, spans = self.assistant_spans(messages, where)
-        enc = self.tokenizer(
-            text, add_special_tokens=self._add_special_tokens(text), return_offsets_mapping=True
-        )
-        ids = list(enc["input_ids"])
-        offsets = enc["offset_mapping"][:max_length]
-        mask = mask_from_offsets(offsets, spans, where)
-        return TokenizedChat(
-            input_ids=ids[:max_length], loss_mask=mask, truncated=len(ids) > max_length
-        )
+    def tokenize_rows(
+        self, messages: list[Message], max_length: int, where: str
+    ) -> list[TokenizedChat]:
+        """Render, tokenize each row once, mask assistant tokens, truncate to ``max_length``."""
+        out = []
+        for text, spans in self.training_rows(messages, where):
+            enc = self.tokenizer(
+                text, add_special_tokens=self._add_special_tokens(text), return_offsets_mapping=True
+            )
+            ids = list(enc["input_ids"])
+            mask = mask_from_offsets(enc["offset_mapping"][:max_length], spans, where)
+            out.append(
+                TokenizedChat(
+                    input_ids=ids[:max_length], loss_mask=mask, truncated=len(ids) > max_length
+                )
+            )
+        return out
 
     def end_of_turn_text(self) -> str:
         """What the template writes after an assistant's content (e.g. ``<|im_end|>``), or ``""``."""

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from eagle_train.config import StrictModel
 
@@ -46,13 +46,57 @@ class VocabConfig(StrictModel):
     target_vocab_size: int | None = Field(default=None, gt=0)
 
 
+class HubDataset(StrictModel):
+    """A dataset read with ``datasets.load_dataset(name, config, split=..., streaming=...)``:
+    a hub id (offline: already in the datasets cache) or a local dataset folder."""
+
+    name: str
+    config: str | None = None
+    split: str = "train"
+    # Read rows lazily (no full download or cache copy first): for large sets.
+    streaming: bool = False
+
+    @property
+    def label(self) -> str:
+        """How records of this dataset are named in errors and ids."""
+        return f"{self.name}{f'[{self.config}]' if self.config else ''}/{self.split}"
+
+
+class SynthesizeConfig(StrictModel):
+    """User prompts sampled from the target itself (no dataset): see ``synthesize.py``."""
+
+    enabled: bool = False
+    num_prompts: int = Field(default=256, gt=0)
+    # Sampling of the user turn; every request gets its own seed (seed + request index).
+    temperature: float = Field(default=1.0, gt=0.0)
+    top_p: float = Field(default=0.95, gt=0.0, le=1.0)
+    seed: int = 0
+    max_new_tokens: int = Field(default=96, gt=0)
+    # Kept prompts have this many words at least / characters at most.
+    min_words: int = Field(default=3, ge=1)
+    max_chars: int = Field(default=400, gt=0)
+    # Requests generated together; generation stops once num_prompts are kept or after
+    # max_requests requests.
+    batch_size: int = Field(default=64, gt=0)
+    max_requests: int | None = Field(default=None, gt=0)  # None -> 4 x num_prompts
+    # The system message the opening is rendered with (None: the template's own default).
+    system: str | None = None
+    # Written as OpenAI JSONL (one user turn each); None -> "<output_dir>.prompts.jsonl".
+    output_path: Path | None = None
+
+
 class PrepareDataConfig(StrictModel):
-    inputs: list[Path] = Field(min_length=1)
+    # Local inputs (JSONL, parquet, arrow, saved dataset dirs) and/or datasets by id.
+    inputs: list[Path] = []
+    datasets: list[HubDataset] = []
+    synthesize: SynthesizeConfig = SynthesizeConfig()
     output_dir: Path
     # An HF tokenizer directory, or the target model directory (which holds its tokenizer).
     tokenizer: Path
     # A .jinja file that replaces the tokenizer's chat template.
     chat_template: Path | None = None
+    # Extra template variables for every rendering, as at serving time (e.g. enable_thinking).
+    chat_template_kwargs: dict[str, Any] = {}
     max_length: int = Field(default=2048, gt=0)
     on_bad_record: Literal["error", "skip"] = "error"
     # Read at most this many records (valid or not) from the inputs, in order.
@@ -61,3 +105,11 @@ class PrepareDataConfig(StrictModel):
     overwrite: bool = False
     regenerate: RegenerateConfig = RegenerateConfig()
     vocab: VocabConfig = VocabConfig()
+
+    @model_validator(mode="after")
+    def _some_input(self) -> PrepareDataConfig:
+        if not (self.inputs or self.datasets or self.synthesize.enabled):
+            raise ValueError("give inputs, datasets, or synthesize.enabled=true")
+        if self.synthesize.enabled and not self.regenerate.enabled:
+            raise ValueError("synthesize.enabled needs regenerate.enabled (prompts need answers)")
+        return self

@@ -19,9 +19,9 @@ from typing import Any
 import datasets
 from tqdm import tqdm
 
-from eagle_train.data.backends import GenerationSettings, create_backend
+from eagle_train.data.backends import GenerationBackend, GenerationSettings, create_backend
 from eagle_train.data.chat import ChatRenderer
-from eagle_train.data.config import PrepareDataConfig
+from eagle_train.data.config import HubDataset, PrepareDataConfig
 from eagle_train.data.errors import BadRecordPolicy, DataError
 from eagle_train.data.records import Record, RecordReader, iter_raw, parse_record
 from eagle_train.data.regenerate import (
@@ -38,6 +38,7 @@ from eagle_train.data.store import (
     check_output_dir,
     write_meta,
 )
+from eagle_train.data.synthesize import SynthesisReport, synthesize_prompts
 from eagle_train.data.vocab import TokenCounter, build_vocab_mapping, save_vocab_mapping
 
 logger = logging.getLogger(__name__)
@@ -49,13 +50,15 @@ class PrepareReport:
 
     output_dir: Path
     num_records: int = 0
-    num_examples: int = 0
+    num_examples: int = 0  # records that gave at least one training row
+    num_rows: int = 0  # training rows written (several per record for per-turn templates)
     skipped: Counter[str] = field(default_factory=Counter)
     failed: Counter[str] = field(default_factory=Counter)
     num_tokens: int = 0
     num_assistant_tokens: int = 0
     num_truncated: int = 0
     regeneration: RegenerationReport | None = None
+    synthesis: SynthesisReport | None = None
     vocab_path: Path | None = None
 
     @property
@@ -68,12 +71,15 @@ class PrepareReport:
 
     def summary(self) -> str:
         lines = [
-            f"prepared {self.num_examples} examples from {self.num_records} records -> {self.output_dir}",
+            f"prepared {self.num_examples} examples ({self.num_rows} training rows) from "
+            f"{self.num_records} records -> {self.output_dir}",
             f"  skipped {self.num_skipped} {dict(sorted(self.skipped.items()))}",
             f"  failed {self.num_failed} {dict(sorted(self.failed.items()))}",
             f"  tokens {self.num_tokens} (assistant {self.num_assistant_tokens}), "
             f"{self.num_truncated} truncated to max_length",
         ]
+        if self.synthesis is not None:
+            lines.append(f"  {self.synthesis.summary()}")
         if self.regeneration is not None:
             lines.append(f"  {self.regeneration.summary()}")
         if self.vocab_path is not None:
@@ -90,18 +96,30 @@ def prepare_data(cfg: PrepareDataConfig) -> PrepareReport:
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(str(cfg.tokenizer))
-    renderer = ChatRenderer(tokenizer, _read_template(cfg.chat_template))
+    renderer = ChatRenderer(tokenizer, _read_template(cfg.chat_template), cfg.chat_template_kwargs)
     draft_size = cfg.vocab.draft_vocab_size
     counter = TokenCounter(_checked_vocab_size(cfg, tokenizer)) if draft_size else None
     policy = BadRecordPolicy(cfg.on_bad_record)
-    reader = RecordReader(cfg.inputs, policy, cfg.limit)
+    inputs: list[Path | HubDataset] = [*cfg.inputs, *cfg.datasets]
     report = PrepareReport(output_dir=cfg.output_dir)
-    records: Iterable[Record] = reader
+    records: Iterable[Record] = []
     regen_meta = None
-    if cfg.regenerate.enabled:
-        report.regeneration, regen_meta = run_regeneration(cfg, renderer, reader, policy)
-        report.failed.update(report.regeneration.failed)
-        records = read_regenerated(report.regeneration.path, report.regeneration.done_ids)
+    backend = open_backend(cfg, renderer) if cfg.synthesize.enabled else None
+    try:
+        if backend is not None:
+            report.synthesis = run_synthesis(cfg, renderer, backend)
+            inputs.append(report.synthesis.path)
+        reader = RecordReader(inputs, policy, cfg.limit)
+        records = reader
+        if cfg.regenerate.enabled:
+            report.regeneration, regen_meta = run_regeneration(
+                cfg, renderer, reader, policy, backend
+            )
+            report.failed.update(report.regeneration.failed)
+            records = read_regenerated(report.regeneration.path, report.regeneration.done_ids)
+    finally:
+        if backend is not None:
+            backend.close()
 
     with atomic_output_dir(cfg.output_dir, cfg.overwrite) as tmp:
         writer = ExampleWriter(tmp)
@@ -110,7 +128,7 @@ def prepare_data(cfg: PrepareDataConfig) -> PrepareReport:
         report.skipped = Counter(policy.skipped)
         if writer.num_examples == 0:
             raise DataError(
-                f"no usable examples in {len(cfg.inputs)} inputs ({report.summary()})",
+                f"no usable examples in {len(inputs)} inputs ({report.summary()})",
                 reason="empty",
             )
         writer.finish()
@@ -148,51 +166,49 @@ def _write_examples(
 ) -> None:
     for record in tqdm(records, desc="tokenize", unit="conv"):
         try:
-            chat = renderer.tokenize(record.messages, max_length, record.where)
+            rows = renderer.tokenize_rows(record.messages, max_length, record.where)
         except DataError as err:
             policy.handle(err)
             continue
-        if chat.num_assistant_tokens == 0:
+        rows = [row for row in rows if row.num_assistant_tokens > 0]
+        if not rows:
             # Not a data error: truncation (or a prompt-only record) left nothing to learn from.
             policy.count(
                 "no_assistant_tokens", f"{record.where}: no assistant tokens within max_length"
             )
             continue
-        writer.write(record.id, chat.input_ids, chat.loss_mask)
         report.num_examples += 1
-        report.num_tokens += len(chat.input_ids)
-        report.num_assistant_tokens += chat.num_assistant_tokens
-        report.num_truncated += int(chat.truncated)
-        if counter is not None:
-            counter.add(chat.input_ids, chat.loss_mask)
+        for n, chat in enumerate(rows, 1):
+            # A template that rewrites earlier turns gives one row per assistant turn.
+            writer.write(
+                record.id if len(rows) == 1 else f"{record.id}#turn{n}",
+                chat.input_ids,
+                chat.loss_mask,
+            )
+            report.num_rows += 1
+            report.num_tokens += len(chat.input_ids)
+            report.num_assistant_tokens += chat.num_assistant_tokens
+            report.num_truncated += int(chat.truncated)
+            if counter is not None:
+                counter.add(chat.input_ids, chat.loss_mask)
 
 
-def run_regeneration(
-    cfg: PrepareDataConfig, renderer: ChatRenderer, reader: RecordReader, policy: BadRecordPolicy
-) -> tuple[RegenerationReport, dict[str, Any]]:
-    """Regenerate every record into the JSONL; return the report and the settings used."""
+def regeneration_plan(cfg: PrepareDataConfig, renderer: ChatRenderer) -> RegenerationPlan:
     rc = cfg.regenerate
-    model = rc.model or cfg.tokenizer
-    path = rc.output_path or cfg.output_dir.with_name(cfg.output_dir.name + ".regenerated.jsonl")
-    plan = RegenerationPlan(
+    return RegenerationPlan(
         max_new_tokens=rc.max_new_tokens,
         max_model_len=rc.max_model_len or cfg.max_length,
         batch_size=rc.batch_size,
         seed=rc.seed,
         answer_trailing_user=rc.answer_trailing_user,
-        stop_token_ids=stop_token_ids(renderer, _model_eos_ids(model)),
+        stop_token_ids=stop_token_ids(renderer, _model_eos_ids(rc.model or cfg.tokenizer)),
     )
-    # Everything that changes the generated text; a resumed run must match it.
-    settings = {
-        "model": str(model.resolve()),
-        "chat_template_sha256": renderer.template_sha256,
-        "dtype": rc.dtype,
-        "temperature": rc.temperature,
-        "top_p": rc.top_p,
-        **{k: v for k, v in dataclasses.asdict(plan).items() if k != "batch_size"},
-    }
-    out, done_ids = open_output(path, settings, rc.resume)  # before the slow model load
-    report = RegenerationReport(path=path, done_ids=done_ids)
+
+
+def open_backend(cfg: PrepareDataConfig, renderer: ChatRenderer) -> GenerationBackend:
+    """The target as a generator (vLLM or transformers), set up from ``cfg.regenerate``."""
+    rc = cfg.regenerate
+    plan = regeneration_plan(cfg, renderer)
     pad = renderer.tokenizer.pad_token_id
     gen = GenerationSettings(
         dtype=rc.dtype,
@@ -204,16 +220,56 @@ def run_regeneration(
         max_model_len=plan.max_model_len,
         kv_cache_memory_bytes=rc.kv_cache_memory_bytes,
     )
+    return create_backend(rc.backend, rc.model or cfg.tokenizer, cfg.tokenizer, gen)
+
+
+def run_regeneration(
+    cfg: PrepareDataConfig,
+    renderer: ChatRenderer,
+    reader: RecordReader,
+    policy: BadRecordPolicy,
+    backend: GenerationBackend | None = None,
+) -> tuple[RegenerationReport, dict[str, Any]]:
+    """Regenerate every record into the JSONL; return the report and the settings used.
+    ``backend``: an open one to use (and leave open); None opens and closes one here."""
+    rc = cfg.regenerate
+    model = rc.model or cfg.tokenizer
+    path = rc.output_path or cfg.output_dir.with_name(cfg.output_dir.name + ".regenerated.jsonl")
+    plan = regeneration_plan(cfg, renderer)
+    # Everything that changes the generated text; a resumed run must match it.
+    settings = {
+        "model": str(model.resolve()),
+        "chat_template_sha256": renderer.template_sha256,
+        "chat_template_kwargs": renderer.template_kwargs,
+        "dtype": rc.dtype,
+        "temperature": rc.temperature,
+        "top_p": rc.top_p,
+        **{k: v for k, v in dataclasses.asdict(plan).items() if k != "batch_size"},
+    }
+    out, done_ids = open_output(path, settings, rc.resume)  # before the slow model load
+    report = RegenerationReport(path=path, done_ids=done_ids)
     with out:
-        backend = create_backend(rc.backend, model, cfg.tokenizer, gen)
+        own = backend is None
+        gen_backend = open_backend(cfg, renderer) if backend is None else backend
         try:
-            regenerate_records(reader, renderer, backend, plan, out, report, policy)
+            regenerate_records(reader, renderer, gen_backend, plan, out, report, policy)
         finally:
-            backend.close()
+            if own:
+                gen_backend.close()
     report.num_records = reader.num_records
     report.skipped = Counter(policy.skipped)
     logger.info("%s", report.summary())
-    return report, {"settings": settings, "backend": backend.name, "path": str(path.resolve())}
+    return report, {"settings": settings, "backend": gen_backend.name, "path": str(path.resolve())}
+
+
+def run_synthesis(
+    cfg: PrepareDataConfig, renderer: ChatRenderer, backend: GenerationBackend
+) -> SynthesisReport:
+    path = cfg.synthesize.output_path or cfg.output_dir.with_name(
+        cfg.output_dir.name + ".prompts.jsonl"
+    )
+    plan = regeneration_plan(cfg, renderer)
+    return synthesize_prompts(renderer, backend, cfg.synthesize, plan.stop_token_ids, path)
 
 
 def read_regenerated(path: Path, ids: set[str]) -> Iterator[Record]:
@@ -290,12 +346,25 @@ def _meta(
             "method": "generation_blocks" if renderer.uses_generation_blocks else "prefix_diff",
         },
         "max_length": cfg.max_length,
-        "sources": [str(p.resolve()) for p in cfg.inputs],
+        "sources": [str(p.resolve()) for p in cfg.inputs] + [d.label for d in cfg.datasets],
+        "chat_template_kwargs": cfg.chat_template_kwargs,
+        "synthesis": (
+            None
+            if report.synthesis is None
+            else {
+                "path": str(report.synthesis.path.resolve()),
+                "requests": report.synthesis.requests,
+                "kept": report.synthesis.kept,
+                "rejected": dict(sorted(report.synthesis.rejected.items())),
+                **cfg.synthesize.model_dump(mode="json"),
+            }
+        ),
         "limit": cfg.limit,
         "on_bad_record": cfg.on_bad_record,
         "counts": {
             "records": report.num_records,
             "examples": report.num_examples,
+            "rows": report.num_rows,
             "skipped": dict(sorted(report.skipped.items())),
             "failed": dict(sorted(report.failed.items())),
             "tokens": report.num_tokens,

@@ -1,9 +1,9 @@
 """Conversation records: reading JSONL / parquet / arrow / saved datasets into one shape.
 
 Every record becomes ``Record(id, messages, source, line)`` with OpenAI-style messages
-(``{"role": "system"|"user"|"assistant", "content": str}``). Two input shapes are detected per
-record: OpenAI ``{"messages": [{"role", "content"}]}`` and ShareGPT
-``{"conversations": [{"from", "value"}]}``. ``line`` is the 1-based line of a JSON Lines file, or
+(``messages.py``: roles system/user/assistant/tool, tool calls, reasoning). A record holds its
+turns under ``messages`` or ``conversations``, each turn either ``{"role", "content"}`` or
+ShareGPT ``{"from", "value"}``; a top-level ``system`` string becomes the system message. ``line`` is the 1-based line of a JSON Lines file, or
 the 1-based row of a columnar file; the default ``id`` is ``"<file>:<line>"``.
 """
 
@@ -15,22 +15,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from eagle_train.data.config import HubDataset
 from eagle_train.data.errors import BadRecordPolicy, DataError
+from eagle_train.data.messages import Message, parse_turns
 
-OPENAI_ROLES = ("system", "user", "assistant")
-SHAREGPT_ROLES = {
-    "system": "system",
-    "human": "user",
-    "user": "user",
-    "gpt": "assistant",
-    "assistant": "assistant",
-    "chatgpt": "assistant",
-    "bard": "assistant",
-}
 JSONL_SUFFIXES = (".jsonl", ".ndjson")
 DATASETS_FORMATS = {".parquet": "parquet", ".arrow": "arrow", ".json": "json"}
-
-Message = dict[str, str]
 
 
 @dataclass(frozen=True)
@@ -58,64 +48,21 @@ def parse_record(obj: Any, source: str, line: int) -> Record:
         raise DataError(
             f"{where}: expected a JSON object, got {type(obj).__name__}", reason="bad_format"
         )
-    if obj.get("messages") is not None:
-        messages = _parse_openai(obj["messages"], where)
-    elif obj.get("conversations") is not None:
-        messages = _parse_sharegpt(obj["conversations"], where)
-    else:
+    key = next((k for k in ("messages", "conversations") if obj.get(k) is not None), None)
+    if key is None:
         raise DataError(
             f"{where}: record has neither 'messages' (OpenAI) nor 'conversations' (ShareGPT)",
             reason="bad_format",
         )
+    messages = parse_turns(obj[key], key, where)
     if not messages:
         raise DataError(f"{where}: empty conversation", reason="empty_conversation")
+    system = obj.get("system")
+    if isinstance(system, str) and system and messages[0]["role"] != "system":
+        messages.insert(0, {"role": "system", "content": system})  # ShareGPT-style sets
     raw_id = obj.get("id")
     record_id = where if raw_id is None or raw_id == "" else str(raw_id)
     return Record(id=record_id, messages=messages, source=source, line=line)
-
-
-def _parse_openai(messages: Any, where: str) -> list[Message]:
-    if not isinstance(messages, list):
-        raise DataError(f"{where}: 'messages' must be a list", reason="bad_format")
-    out = []
-    for n, msg in enumerate(messages, 1):
-        if not isinstance(msg, dict):
-            raise DataError(f"{where}: message {n} is not an object", reason="bad_format")
-        role = msg.get("role")
-        if role not in OPENAI_ROLES:
-            raise DataError(
-                f"{where}: message {n}: unknown role {role!r} (expected one of {', '.join(OPENAI_ROLES)})",
-                reason="unknown_role",
-            )
-        out.append({"role": role, "content": _content(msg.get("content"), where, n)})
-    return out
-
-
-def _parse_sharegpt(turns: Any, where: str) -> list[Message]:
-    if not isinstance(turns, list):
-        raise DataError(f"{where}: 'conversations' must be a list", reason="bad_format")
-    out = []
-    for n, turn in enumerate(turns, 1):
-        if not isinstance(turn, dict):
-            raise DataError(f"{where}: turn {n} is not an object", reason="bad_format")
-        speaker = turn.get("from")
-        role = SHAREGPT_ROLES.get(speaker) if isinstance(speaker, str) else None
-        if role is None:
-            raise DataError(
-                f"{where}: turn {n}: unknown role {speaker!r} (expected one of {', '.join(SHAREGPT_ROLES)})",
-                reason="unknown_role",
-            )
-        out.append({"role": role, "content": _content(turn.get("value"), where, n)})
-    return out
-
-
-def _content(value: Any, where: str, n: int) -> str:
-    if not isinstance(value, str):
-        raise DataError(
-            f"{where}: message {n}: content must be a string, got {type(value).__name__}",
-            reason="non_string_content",
-        )
-    return value
 
 
 def iter_raw(path: Path) -> Iterator[tuple[int, Any]]:
@@ -185,17 +132,40 @@ def _iter_saved_dataset(path: Path) -> Iterator[tuple[int, Any]]:
     yield from enumerate(loaded, 1)
 
 
+def iter_hub(spec: HubDataset) -> Iterator[tuple[int, Any]]:
+    """Rows of a Hugging Face dataset by id (or a local dataset folder / script), 1-based."""
+    import datasets
+
+    try:
+        rows = datasets.load_dataset(
+            spec.name, spec.config, split=spec.split, streaming=spec.streaming
+        )
+    except Exception as exc:  # datasets raises many types: hub, offline, missing config/split
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise DataError(
+            f"dataset {spec.label}: cannot be loaded ({type(exc).__name__}: {first}); offline, "
+            "a hub id must already be in the datasets cache (HF_DATASETS_OFFLINE=1) or be a "
+            "local folder",
+            reason="missing_input",
+        ) from None
+    yield from enumerate(rows, 1)
+
+
 class RecordReader:
     """Iterates the valid records of several inputs, applying the bad-record policy.
 
+    Inputs are paths (JSONL, parquet, arrow, saved dataset) or ``HubDataset`` entries.
     ``num_records`` counts every record consumed (valid or bad), so that
     ``num_records == valid records yielded + policy.num_skipped``; ``limit`` caps it.
     """
 
     def __init__(
-        self, paths: Iterable[str | Path], policy: BadRecordPolicy, limit: int | None = None
+        self,
+        paths: Iterable[str | Path | HubDataset],
+        policy: BadRecordPolicy,
+        limit: int | None = None,
     ) -> None:
-        self.paths = [Path(p) for p in paths]
+        self.paths = [p if isinstance(p, HubDataset) else Path(p) for p in paths]
         self.policy = policy
         self.limit = limit
         self.num_records = 0
@@ -203,13 +173,17 @@ class RecordReader:
     def __iter__(self) -> Iterator[Record]:
         seen: dict[str, str] = {}
         for path in self.paths:
-            if not path.exists():
-                raise DataError(f"{path}: input not found", reason="missing_input")
-            for line, obj in iter_raw(path):
+            if isinstance(path, HubDataset):
+                source, rows = path.label, iter_hub(path)
+            else:
+                if not path.exists():
+                    raise DataError(f"{path}: input not found", reason="missing_input")
+                source, rows = str(path), iter_raw(path)
+            for line, obj in rows:
                 if self.limit is not None and self.num_records >= self.limit:
                     return
                 self.num_records += 1
-                record = self._parse(obj, str(path), line, seen)
+                record = self._parse(obj, source, line, seen)
                 if record is not None:
                     yield record
 

@@ -27,7 +27,8 @@ from tqdm import tqdm
 from eagle_train.data.backends import GenerationBackend
 from eagle_train.data.chat import ChatRenderer
 from eagle_train.data.errors import BadRecordPolicy, DataError
-from eagle_train.data.records import Message, Record
+from eagle_train.data.messages import Message
+from eagle_train.data.records import Record
 
 logger = logging.getLogger(__name__)
 
@@ -235,7 +236,12 @@ def _generate_turns(
                 skip_special_tokens=False,
                 clean_up_tokenization_spaces=False,
             )
-            conv.messages[conv.targets[turn]]["content"] = content
+            message = conv.messages[conv.targets[turn]]
+            message["content"] = content
+            # The generated text is the whole turn (a tool call or a think block included, as
+            # the model wrote them); the dataset's own versions no longer belong to it.
+            for key in ("tool_calls", "reasoning_content", "thinking"):
+                message.pop(key, None)
             report.num_generated_turns += 1
             report.num_cut_turns += int(not stopped and len(gen) >= limit)
 

@@ -1,0 +1,133 @@
+"""User prompts from the target itself: training data with no dataset at all.
+
+The chat template is rendered up to the opening of a user turn (everything before the user's
+text: bos, the system message or the template's default one, the user header), and the target
+samples what a user would write there, up to its end-of-turn token. Each request has its own
+seed (``seed + request index``): one shared seed would give every request the same prompt.
+Prompts are normalised (whitespace), filtered (cut at the token limit, too short, too long,
+holding template markup) and deduplicated (case- and whitespace-insensitive), and written as
+OpenAI JSONL records with one user turn each; regeneration then adds the target's answers.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from eagle_train.data.backends import GenerationBackend, Sampling
+from eagle_train.data.chat import ChatRenderer
+from eagle_train.data.config import SynthesizeConfig
+from eagle_train.data.errors import DataError
+
+log = logging.getLogger(__name__)
+
+MARKER = "\x00USER\x00"
+
+
+@dataclass
+class SynthesisReport:
+    path: Path
+    requests: int = 0
+    kept: int = 0
+    rejected: Counter[str] = field(default_factory=Counter)
+
+    def summary(self) -> str:
+        return (
+            f"synthesised {self.kept} user prompts from {self.requests} samples, rejected "
+            f"{sum(self.rejected.values())} {dict(sorted(self.rejected.items()))} -> {self.path}"
+        )
+
+
+def user_turn_opening(renderer: ChatRenderer, system: str | None) -> str:
+    """The rendered text before a user turn's content, e.g. ``...<|im_start|>user\\n``."""
+    messages = [{"role": "system", "content": system}] if system is not None else []
+    messages.append({"role": "user", "content": MARKER})
+    text = renderer.render(messages, where="synthesize")
+    if MARKER not in text:
+        raise DataError(
+            "the chat template does not write the user's text verbatim; prompts cannot be "
+            "synthesised with it",
+            reason="config",
+        )
+    return text[: text.index(MARKER)]
+
+
+def normalise(text: str) -> str:
+    return re.sub(r"\s+", " ", text).strip()
+
+
+def rejection(
+    text: str, stopped: bool, cfg: SynthesizeConfig, markup: tuple[str, ...]
+) -> str | None:
+    """Why a sampled prompt is not kept, or None."""
+    if not stopped:
+        return "cut_at_limit"
+    if any(m in text for m in markup):
+        return "template_markup"
+    if len(text.split()) < cfg.min_words:
+        return "too_short"
+    if len(text) > cfg.max_chars:
+        return "too_long"
+    return None
+
+
+def synthesize_prompts(
+    renderer: ChatRenderer,
+    backend: GenerationBackend,
+    cfg: SynthesizeConfig,
+    stop_ids: tuple[int, ...],
+    path: Path,
+) -> SynthesisReport:
+    """Sample, filter and deduplicate user prompts; write them to ``path`` (temp + rename)."""
+    tok = renderer.tokenizer
+    opening = renderer.encode(user_turn_opening(renderer, cfg.system))
+    markup = tuple(t for t in tok.all_special_tokens if t)
+    stops = set(stop_ids)
+    sampling = Sampling(temperature=cfg.temperature, top_p=cfg.top_p)
+    max_requests = cfg.max_requests or 4 * cfg.num_prompts
+    report = SynthesisReport(path=path)
+    seen: set[str] = set()
+    kept: list[str] = []
+    while len(kept) < cfg.num_prompts and report.requests < max_requests:
+        n = min(cfg.batch_size, max_requests - report.requests)
+        seeds = [cfg.seed + report.requests + i for i in range(n)]
+        outputs = backend.generate([opening] * n, [cfg.max_new_tokens] * n, seeds, sampling)
+        report.requests += n
+        for gen in outputs:
+            stopped = bool(gen) and gen[-1] in stops
+            raw = tok.decode(gen[:-1] if stopped else gen, skip_special_tokens=False)
+            text = normalise(raw)
+            reason = rejection(text, stopped, cfg, markup)
+            key = text.lower()
+            if reason is None and key in seen:
+                reason = "duplicate"
+            if reason is not None:
+                report.rejected[reason] += 1
+                continue
+            seen.add(key)
+            kept.append(text)
+    kept = kept[: cfg.num_prompts]
+    report.kept = len(kept)
+    if not kept:
+        raise DataError(f"no usable prompts synthesised ({report.summary()})", reason="empty")
+    _write_prompts(path, kept, cfg.system)
+    log.info("%s", report.summary())
+    return report
+
+
+def _write_prompts(path: Path, prompts: list[str], system: str | None) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    with tmp.open("w", encoding="utf-8") as f:
+        for i, text in enumerate(prompts):
+            messages = [{"role": "system", "content": system}] if system is not None else []
+            messages.append({"role": "user", "content": text})
+            f.write(json.dumps({"id": f"synth-{i:06d}", "messages": messages}) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+    tmp.rename(path)
