@@ -155,7 +155,12 @@ eval_acceptance_app = typer.Typer(add_completion=False, help="Acceptance length 
 @eval_acceptance_app.command()
 def eval_acceptance(
     target: Annotated[Path, typer.Option(help="The target model directory.")],
-    draft: Annotated[list[Path], typer.Option(help="An exported drafter (repeatable).")],
+    draft: Annotated[
+        list[Path],
+        typer.Option(
+            help="An exported drafter, or 'ngram' for vLLM's n-gram proposer (repeatable)."
+        ),
+    ],
     prompts: Annotated[
         str, typer.Option(help="'mt_bench' or a JSONL of prompts/messages.")
     ] = "mt_bench",

@@ -9,6 +9,7 @@ and exact resume. Rank 0 alone writes logs and checkpoints; metrics are reduced 
 from __future__ import annotations
 
 import gc
+import json
 import logging
 import math
 import shutil
@@ -32,7 +33,7 @@ from eagle_train.checkpoint import (
     restore_rng_state,
     save_checkpoint,
 )
-from eagle_train.config import dump_config
+from eagle_train.config import ConfigError, dump_config
 from eagle_train.data.loader import BatchLoader, PreparedData
 from eagle_train.data.vocab import TokenCounter, VocabMapping, build_vocab_mapping
 from eagle_train.drafts.base import Batch, DraftSpec, loss_parts
@@ -62,6 +63,7 @@ from eagle_train.parallel import (
 )
 from eagle_train.run_config import DTYPES, RunConfig
 from eagle_train.target import FrozenTarget
+from eagle_train.target.vllm_support import serving_problem
 
 log = logging.getLogger(__name__)
 CONSOLE_KEYS = ("loss", "acc_0", "sim_accept_len", "lr", "grad_norm", "tokens_per_s")
@@ -108,7 +110,19 @@ def forward_loss(c: Components, model: nn.Module, batch: Batch, cfg: RunConfig):
     return c.spec.compute_loss(model, features, batch, cfg.draft)
 
 
+def check_servable(cfg: RunConfig) -> None:
+    """Refuse, before any work, a target vLLM cannot serve this algorithm's drafts next to."""
+    config_path = Path(cfg.target.path) / "config.json"
+    if not config_path.is_file():  # a hub id: transformers resolves (and checks) it later
+        return
+    archs = json.loads(config_path.read_text()).get("architectures") or []
+    problem = serving_problem(archs, get_draft(cfg.draft.algorithm).vllm_method)
+    if problem is not None:
+        raise ConfigError(f"{config_path}: {problem}")
+
+
 def train(cfg: RunConfig) -> TrainResult:
+    check_servable(cfg)
     env = init_distributed(cfg.train.device, cfg.train.dist_timeout_s)
     out = Path(cfg.train.output_dir)
     resumed = _resume_point(cfg, out, env)

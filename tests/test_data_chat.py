@@ -193,11 +193,25 @@ def test_template_not_prefix_consistent_gives_one_row_per_turn(tokenizer):
         assert _decode(tokenizer, masked) == THINK + answer + "<|im_end|>"
 
 
-def test_generation_prompt_not_a_prefix_is_an_error(tokenizer):
-    # The generation prompt says "bot" but turns are rendered "assistant": nothing to mark.
+def test_prompt_that_changes_once_answered_uses_the_served_prompt(tokenizer):
+    # The generation prompt says "bot" but answered turns are rendered "assistant": the row is
+    # the prompt as served plus the answer as the template writes it.
     template = CHATML_TEMPLATE.replace(
         "{% if add_generation_prompt %}<|im_start|>assistant", "{% if add_generation_prompt %}bot"
     )
+    rows = ChatRenderer(tokenizer, template).training_rows(MESSAGES[:3], "x:1")
+    prompt = (
+        "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n"
+        "<|im_start|>user\nHello there, how are you?<|im_end|>\nbot\n"
+    )
+    assert rows == [(prompt + ASSISTANT[0] + "<|im_end|>\n", [(len(prompt), len(prompt) + 40)])]
+
+
+def test_answer_not_rendered_verbatim_after_a_changed_prompt_is_an_error(tokenizer):
+    # ...and when the answer is not written verbatim either, nothing can be marked.
+    template = CHATML_TEMPLATE.replace(
+        "{% if add_generation_prompt %}<|im_start|>assistant", "{% if add_generation_prompt %}bot"
+    ).replace("{{ m['content'] }}", "{{ m['content'] | reverse }}")
     with pytest.raises(DataError) as info:
         ChatRenderer(tokenizer, template).tokenize_rows(MESSAGES, 4096, "data/chats.jsonl:7")
     assert str(info.value).startswith("data/chats.jsonl:7: assistant message 3: the chat")

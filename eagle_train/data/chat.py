@@ -40,6 +40,7 @@ import jinja2
 from eagle_train.data.errors import DataError
 from eagle_train.data.messages import Message
 
+MARKER = "\x00CONTENT\x00"
 GENERATION_TAG = re.compile(r"\{%-?\s*generation\s*-?%\}")
 Span = tuple[int, int]
 
@@ -139,7 +140,7 @@ class ChatRenderer:
 
     def _prefix_rows(self, messages: list[Message], where: str) -> list[tuple[str, list[Span]]]:
         full = self.render(messages, where=where)
-        turns: list[tuple[str, Span]] = []  # (S_i, span) per assistant message
+        turns: list[tuple[str, Span, bool]] = []  # (row text, span, row is S_i) per turn
         for i, msg in enumerate(messages):
             if msg["role"] != "assistant":
                 continue
@@ -150,24 +151,36 @@ class ChatRenderer:
                 )
             prompt = self.render(messages[:i], add_generation_prompt=True, where=where)
             turn = self.render(messages[: i + 1], where=where)
-            if not turn.startswith(prompt):
-                raise DataError(
-                    f"{where}: assistant message {i + 1}: the chat template's generation prompt "
-                    "is not the start of the rendered turn, so what the target generates cannot "
-                    "be marked",
-                    reason="template_not_prefix_consistent",
-                )
-            end = len(turn.rstrip())
+            exact = turn.startswith(prompt)
+            generated = turn[len(prompt) :] if exact else self._generated_text(messages, i, where)
+            text = prompt + generated
+            end = len(text.rstrip())
             if end <= len(prompt):
                 raise DataError(
                     f"{where}: chat template renders nothing for assistant message {i + 1}",
                     reason="no_assistant_spans",
                 )
-            turns.append((turn, (len(prompt), end)))
-        if all(full.startswith(turn) for turn, _ in turns):
-            return [(full, [span for _, span in turns])]
+            turns.append((text, (len(prompt), end), exact))
+        if all(exact and full.startswith(text) for text, _, exact in turns):
+            return [(full, [span for _, span, _ in turns])]
         # The template rewrites earlier turns: one row per turn, as served.
-        return [(turn, [span]) for turn, span in turns]
+        return [(text, [span]) for text, span, _ in turns]
+
+    def _generated_text(self, messages: list[Message], i: int, where: str) -> str:
+        """Assistant message ``i`` as the template writes it (content + end of turn), for
+        templates whose prompt changes once the answer exists (Mistral moves the system
+        message to the last user turn): the rendered turn from where its content starts."""
+        probe = [*messages[:i], {**messages[i], "content": MARKER}]
+        opening, found, _ = self.render(probe, where=where).partition(MARKER)
+        turn = self.render(messages[: i + 1], where=where)
+        if not found or not turn.startswith(opening):
+            raise DataError(
+                f"{where}: assistant message {i + 1}: the chat template's generation prompt "
+                "is not the start of the rendered turn, so what the target generates cannot "
+                "be marked",
+                reason="template_not_prefix_consistent",
+            )
+        return turn[len(opening) :]
 
     def tokenize_rows(
         self, messages: list[Message], max_length: int, where: str

@@ -21,10 +21,14 @@ class DrafterError(ValueError):
     pass
 
 
+NGRAM = "ngram"  # --draft ngram: vLLM's prompt-lookup proposer, a floor that needs no training
+NGRAM_DEFAULTS = {"prompt_lookup_max": 4, "prompt_lookup_min": 1}
+
+
 @dataclass(frozen=True)
 class DrafterInfo:
     path: Path
-    spec: DraftSpec
+    spec: DraftSpec | None  # None for the n-gram proposer
     method: str
     num_speculative_tokens: int
     # Further speculative_config keys the export records (e.g. a drafting mode switch).
@@ -42,6 +46,14 @@ class DrafterInfo:
 def inspect_drafter(
     path: str | Path, target: PretrainedConfig, num_speculative_tokens: int | None = None
 ) -> DrafterInfo:
+    if str(path) == NGRAM:
+        return DrafterInfo(
+            path=Path(NGRAM),
+            spec=None,
+            method=NGRAM,
+            num_speculative_tokens=num_speculative_tokens or 3,
+            extra=dict(NGRAM_DEFAULTS),
+        )
     path = Path(path)
     config = _read_json(path / "config.json")
     serving = (

@@ -30,7 +30,12 @@ def summarize(run: EvalRun) -> dict[str, Any]:
             "method": info.method,
             "num_speculative_tokens": info.num_speculative_tokens,
             "overall": _aggregate(rows, baseline_tps),
+            "turns": {
+                str(t): _aggregate([r for r in rows if r["turn"] == t], baseline_tps)
+                for t in sorted({r["turn"] for r in rows})
+            },
             "categories": categories,
+            "greedy_equal": _greedy_equal(rows, by_model["target"]),
         }
     summary = {
         "target": str(run.settings.target),
@@ -41,6 +46,14 @@ def summarize(run: EvalRun) -> dict[str, Any]:
         "paired": _paired(run, by_model),
     }
     return summary
+
+
+def _greedy_equal(rows: list[dict], target: list[dict]) -> dict[str, int]:
+    """How many requests produced exactly the target's own greedy tokens (lossless check)."""
+    alone = {(r["id"], r["turn"]): r["output"] for r in target}
+    compared = [r for r in rows if (r["id"], r["turn"]) in alone]
+    equal = sum(r["output"] == alone[(r["id"], r["turn"])] for r in compared)
+    return {"equal": equal, "compared": len(compared)}
 
 
 def _aggregate(rows: list[dict], baseline_tps: float) -> dict[str, Any]:
@@ -97,7 +110,10 @@ def to_markdown(summary: dict[str, Any]) -> str:
             "| category | requests | AL | mean request AL | tokens/s | speedup |",
             "|---|---|---|---|---|---|",
         ]
-        for cat, row in [*d["categories"].items(), ("**overall**", d["overall"])]:
+        turn_rows = (
+            [(f"turn {t}", row) for t, row in d["turns"].items()] if len(d["turns"]) > 1 else []
+        )
+        for cat, row in [*d["categories"].items(), *turn_rows, ("**overall**", d["overall"])]:
             speed = f"{row['speedup']:.2f}x" if row["speedup"] is not None else "-"
             lines.append(
                 f"| {cat} | {row['requests']} | {row['acceptance_length']:.3f} | "
@@ -105,7 +121,13 @@ def to_markdown(summary: dict[str, Any]) -> str:
                 f"{row['tokens_per_s']:.1f} | {speed} |"
             )
         rates = ", ".join(f"{r:.3f}" for r in d["overall"]["per_position_rate"])
-        lines += ["", f"Per-position acceptance rate: {rates}", ""]
+        same = d["greedy_equal"]
+        lines += [
+            "",
+            f"Per-position acceptance rate: {rates}",
+            f"Greedy output identical to the target alone: {same['equal']} of {same['compared']}",
+            "",
+        ]
     for p in summary["paired"]:
         lines.append(
             f"Paired AL difference ({p['b']} - {p['a']}) over {p['n']} requests: "

@@ -1,0 +1,213 @@
+"""Golden loss masks for the published chat templates of the model families (tests/assets/).
+
+Every expected text and supervised piece below is written by hand from what each template
+prints (read the .jinja next to it), not by calling the renderer: the rows a conversation
+trains as, and the exact text of each span the target generates at serving time.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from data_fixtures import build_tokenizer
+
+from eagle_train.data import ChatRenderer
+
+TEMPLATES = Path(__file__).parent / "assets" / "chat_templates"
+FAMILY_TOKENS = ["<s>", "</s>", "[INST]", "[/INST]", "<think>", "</think>"]
+FAMILY_TOKENS += ["<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>"]
+
+CHAT = [
+    {"role": "user", "content": "What is 2+2?"},
+    {"role": "assistant", "content": "4."},
+    {"role": "user", "content": "And 3+3?"},
+    {"role": "assistant", "content": "6."},
+]
+CALL = {"type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}
+TOOL_CHAT = [
+    {"role": "user", "content": "Weather in Paris?"},
+    {"role": "assistant", "content": "", "tool_calls": [CALL]},
+    {"role": "tool", "content": "22C"},
+    {"role": "assistant", "content": "It is 22C."},
+]
+REASONED = [*CHAT[:3], {**CHAT[3], "reasoning_content": "3+3 is 6."}]
+
+SMOL_SYS = (
+    "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face"
+    "<|im_end|>\n"
+)
+LLAMA_SYS = (
+    "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nCutting Knowledge Date: "
+    "December 2023\nToday Date: 01 Jan 2025\n\n<|eot_id|>"
+)
+LLAMA_ASSISTANT = "<|start_header_id|>assistant<|end_header_id|>\n\n"
+THINK = "<think>\n\n</think>\n\n"
+Q_USER1 = "<|im_start|>user\nWhat is 2+2?<|im_end|>\n"
+Q_USER2 = "<|im_start|>user\nAnd 3+3?<|im_end|>\n"
+Q_ASSISTANT = "<|im_start|>assistant\n"
+Q_CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+Q_TOOL_PROMPT = (
+    "<|im_start|>user\nWeather in Paris?<|im_end|>\n"
+    f"{Q_ASSISTANT}{Q_CALL}<|im_end|>\n"
+    "<|im_start|>user\n<tool_response>\n22C\n</tool_response><|im_end|>\n"
+)
+
+# case: (template, messages, chat_template_kwargs, [(row text, [supervised pieces])])
+CASES = {
+    "smollm2_default_system": (
+        "smollm2.jinja",
+        CHAT,
+        {},
+        [
+            (
+                SMOL_SYS + "<|im_start|>user\nWhat is 2+2?<|im_end|>\n<|im_start|>assistant\n"
+                "4.<|im_end|>\n<|im_start|>user\nAnd 3+3?<|im_end|>\n<|im_start|>assistant\n"
+                "6.<|im_end|>\n",
+                ["4.<|im_end|>", "6.<|im_end|>"],
+            )
+        ],
+    ),
+    "llama3_date_kwarg": (
+        "llama3.2.jinja",
+        CHAT,
+        {"date_string": "01 Jan 2025"},
+        [
+            (
+                LLAMA_SYS + "<|start_header_id|>user<|end_header_id|>\n\nWhat is 2+2?<|eot_id|>"
+                f"{LLAMA_ASSISTANT}4.<|eot_id|><|start_header_id|>user<|end_header_id|>\n\n"
+                f"And 3+3?<|eot_id|>{LLAMA_ASSISTANT}6.<|eot_id|>",
+                ["4.<|eot_id|>", "6.<|eot_id|>"],
+            )
+        ],
+    ),
+    "llama3_tool_call": (
+        "llama3.2.jinja",
+        TOOL_CHAT,
+        {"date_string": "01 Jan 2025"},
+        [
+            (
+                LLAMA_SYS + "<|start_header_id|>user<|end_header_id|>\n\nWeather in Paris?"
+                f'<|eot_id|>{LLAMA_ASSISTANT}{{"name": "get_weather", "parameters": '
+                '{"city": "Paris"}}<|eot_id|><|start_header_id|>ipython<|end_header_id|>\n\n'
+                f'"22C"<|eot_id|>{LLAMA_ASSISTANT}It is 22C.<|eot_id|>',
+                [
+                    '{"name": "get_weather", "parameters": {"city": "Paris"}}<|eot_id|>',
+                    "It is 22C.<|eot_id|>",
+                ],
+            )
+        ],
+    ),
+    "qwen3_thinking": (
+        "qwen3.jinja",
+        REASONED,
+        {},
+        [
+            (
+                f"{Q_USER1}{Q_ASSISTANT}{THINK}4.<|im_end|>\n",
+                [f"{THINK}4.<|im_end|>"],
+            ),
+            (
+                f"{Q_USER1}{Q_ASSISTANT}4.<|im_end|>\n{Q_USER2}{Q_ASSISTANT}"
+                "<think>\n3+3 is 6.\n</think>\n\n6.<|im_end|>\n",
+                ["<think>\n3+3 is 6.\n</think>\n\n6.<|im_end|>"],
+            ),
+        ],
+    ),
+    "qwen3_no_thinking": (
+        "qwen3.jinja",
+        REASONED,
+        {"enable_thinking": False},
+        [
+            (f"{Q_USER1}{Q_ASSISTANT}{THINK}4.<|im_end|>\n", ["4.<|im_end|>"]),
+            (
+                f"{Q_USER1}{Q_ASSISTANT}4.<|im_end|>\n{Q_USER2}{Q_ASSISTANT}{THINK}6.<|im_end|>\n",
+                ["6.<|im_end|>"],
+            ),
+        ],
+    ),
+    "qwen3_tool_call": (
+        "qwen3.jinja",
+        TOOL_CHAT,
+        {},
+        [
+            (
+                f"<|im_start|>user\nWeather in Paris?<|im_end|>\n{Q_ASSISTANT}{THINK}{Q_CALL}"
+                "<|im_end|>\n",
+                [f"{THINK}{Q_CALL}<|im_end|>"],
+            ),
+            (
+                f"{Q_TOOL_PROMPT}{Q_ASSISTANT}{THINK}It is 22C.<|im_end|>\n",
+                [f"{THINK}It is 22C.<|im_end|>"],
+            ),
+        ],
+    ),
+    "mistral": (
+        "mistral_nemo.jinja",
+        CHAT,
+        {},
+        [("<s>[INST]What is 2+2?[/INST]4.</s>[INST]And 3+3?[/INST]6.</s>", ["4.</s>", "6.</s>"])],
+    ),
+    "mistral_system_moves_to_last_user": (
+        "mistral_nemo.jinja",
+        [{"role": "system", "content": "Be brief."}, *CHAT],
+        {},
+        [
+            ("<s>[INST]Be brief.\n\nWhat is 2+2?[/INST]4.</s>", ["4.</s>"]),
+            (
+                "<s>[INST]What is 2+2?[/INST]4.</s>[INST]Be brief.\n\nAnd 3+3?[/INST]6.</s>",
+                ["6.</s>"],
+            ),
+        ],
+    ),
+}
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tmp_path_factory):
+    tok = build_tokenizer(tmp_path_factory.mktemp("family_tok"))
+    tok.add_tokens(FAMILY_TOKENS, special_tokens=True)
+    return tok
+
+
+def _renderer(tokenizer, template: str, kwargs: dict) -> ChatRenderer:
+    if template.startswith("mistral"):
+        tokenizer.bos_token, tokenizer.eos_token = "<s>", "</s>"
+    else:
+        tokenizer.bos_token, tokenizer.eos_token = "<|begin_of_text|>", "<|end_of_text|>"
+    return ChatRenderer(tokenizer, (TEMPLATES / template).read_text(), kwargs)
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_family_rows_and_spans(tokenizer, case):
+    template, messages, kwargs, expected = CASES[case]
+    rows = _renderer(tokenizer, template, kwargs).training_rows(messages, "golden.jsonl:1")
+    assert [text for text, _ in rows] == [text for text, _ in expected]
+    for (text, spans), (_, pieces) in zip(rows, expected, strict=True):
+        assert [text[s:e] for s, e in spans] == pieces
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_family_token_masks(tokenizer, case):
+    template, messages, kwargs, expected = CASES[case]
+    renderer = _renderer(tokenizer, template, kwargs)
+    rows = renderer.tokenize_rows(messages, 4096, "golden.jsonl:1")
+    assert len(rows) == len(expected)
+    for row, (text, pieces) in zip(rows, expected, strict=True):
+        decoded = [
+            tokenizer.decode(run, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+            for run in _masked_runs(row.input_ids, row.loss_mask)
+        ]
+        assert decoded == pieces
+        assert tokenizer.decode(row.input_ids, skip_special_tokens=False) == text
+
+
+def _masked_runs(ids, mask):
+    runs, current = [], []
+    for token, m in zip(ids, mask, strict=True):
+        if m:
+            current.append(token)
+        elif current:
+            runs.append(current)
+            current = []
+    return runs + ([current] if current else [])
