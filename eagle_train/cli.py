@@ -34,6 +34,16 @@ def _fail(exc: Exception) -> typer.Exit:
     return typer.Exit(code=2)
 
 
+def _json_object(text: str, option: str) -> dict:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{option}: not JSON ({exc.msg})") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"{option}: expected a JSON object, got {type(value).__name__}")
+    return value
+
+
 build_demo_app = typer.Typer(add_completion=False, help="Build the tiny local demo world.")
 
 
@@ -179,6 +189,9 @@ def eval_acceptance(
         typer.Option(help="vLLM KV cache size; default: vLLM's sizing on GPU, 512 MiB on CPU."),
     ] = None,
     out: Annotated[Path, typer.Option(help="Output directory.")] = Path("runs/eval"),
+    chat_template_kwargs: Annotated[
+        str, typer.Option(help="JSON template variables, e.g. '{\"enable_thinking\": false}'.")
+    ] = "{}",
 ) -> None:
     """Measure acceptance length (MT-Bench by default: greedy, one request at a time) of
     each drafter next to the target, per category, with the no-draft speed baseline and
@@ -204,6 +217,7 @@ def eval_acceptance(
         kv_cache_memory_bytes=kv_cache_memory_bytes,
     )
     try:
+        settings.chat_template_kwargs = _json_object(chat_template_kwargs, "--chat-template-kwargs")
         run = run_eval(settings)
     except (DrafterError, ValueError) as exc:
         raise _fail(exc) from None

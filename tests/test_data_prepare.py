@@ -27,6 +27,12 @@ from eagle_train.data import (
 )
 from eagle_train.data import prepare as prepare_module
 
+# QWEN3_HISTORY_TEMPLATE plus Qwen3's enable_thinking=false generation prompt.
+QWEN3_GEN_TEMPLATE = QWEN3_HISTORY_TEMPLATE.replace(
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}",
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% if enable_thinking is defined and "
+    "not enable_thinking %}<think>\n\n</think>\n\n{% endif %}{% endif %}",
+)
 CHATS = [
     {"id": "a", "messages": chat("Hello there", "Hi! How can I help?", "Sort 3 1 2", "1 2 3")},
     {
@@ -157,11 +163,11 @@ def test_bad_records_error_mode_leaves_nothing(tmp_path, tokenizer_dir):
 
 def test_bad_records_skip_mode_counts(tmp_path, tokenizer_dir):
     template = tmp_path / "qwen3.jinja"
-    template.write_text(QWEN3_HISTORY_TEMPLATE)  # multi-turn chats are not prefix-consistent
+    template.write_text(QWEN3_HISTORY_TEMPLATE)  # multi-turn chats train as one row per turn
     path = tmp_path / "in.jsonl"
     lines = [json.dumps(r) for r in CHATS] + [
         "not json",
-        json.dumps({"messages": [{"role": "tool", "content": "x"}]}),
+        json.dumps({"messages": [{"role": "robot", "content": "x"}]}),
         json.dumps({"messages": []}),
         json.dumps({"messages": [{"role": "user", "content": 3}]}),
         json.dumps({"messages": chat("only a question")}),
@@ -176,10 +182,9 @@ def test_bad_records_skip_mode_counts(tmp_path, tokenizer_dir):
         "unknown_role": 1,
         "empty_conversation": 1,
         "non_string_content": 1,
-        "template_not_prefix_consistent": 1,  # CHATS[0] has two assistant turns
         "no_assistant_tokens": 1,
     }
-    assert report.num_examples == 2
+    assert (report.num_examples, report.num_rows) == (3, 4)  # CHATS[0]: two turns, two rows
     assert report.num_examples + report.num_skipped + report.num_failed == report.num_records == 8
     assert read_meta(cfg.output_dir)["counts"]["skipped"] == dict(sorted(report.skipped.items()))
 
@@ -273,3 +278,32 @@ def test_config_from_yaml_with_overrides(tmp_path):
         load_config(PrepareDataConfig, path, ["regenerate.temprature=1"])
     with pytest.raises(ConfigError, match="on_bad_record"):
         load_config(PrepareDataConfig, path, ["on_bad_record=ignore"])
+
+
+def test_per_turn_rows_with_template_kwargs(tmp_path, tokenizer_dir, tokenizer):
+    # Qwen3 drops <think> from earlier turns: record "a" (2 answers) becomes 2 rows; with
+    # enable_thinking=false the empty think block is prompt, so the masked tokens are exactly
+    # each answer and <|im_end|>.
+    template = tmp_path / "qwen3.jinja"
+    template.write_text(QWEN3_GEN_TEMPLATE)
+    cfg = make_cfg(
+        tmp_path,
+        tokenizer_dir,
+        chat_template=template,
+        chat_template_kwargs={"enable_thinking": False},
+    )
+    report = prepare_data(cfg)
+    assert (report.num_examples, report.num_rows) == (3, 4)
+    ds = load_prepared(cfg.output_dir)
+    assert ds["id"] == ["a#turn1", "a#turn2", f"{cfg.inputs[0]}:2", f"{cfg.inputs[0]}:3"]
+    masked = [
+        tokenizer.decode([t for t, m in zip(ids, mask, strict=True) if m])
+        for ids, mask in zip(ds["input_ids"], ds["loss_mask"], strict=True)
+    ]
+    assert masked == [
+        "Hi! How can I help?<|im_end|>",
+        "1 2 3<|im_end|>",
+        "Once upon a time.<|im_end|>",
+        "A star.<|im_end|>",
+    ]
+    assert read_meta(cfg.output_dir)["counts"]["rows"] == 4

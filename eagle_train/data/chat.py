@@ -16,7 +16,11 @@ Templates that rewrite earlier turns once later ones exist (Qwen3 drops ``<think
 assistant turns) do not render prefix-consistently: the full rendering does not start with
 ``S_i``. Then each assistant turn becomes its own training row, ``S_i`` with the span
 ``[len(P_i), len(S_i))``: the conversation up to that turn exactly as the template renders it
-when the target answers that turn at serving time (the peers' per-turn samples).
+when the target answers that turn at serving time (the peers' per-turn samples). A template
+whose prompt changes once the answer exists (``S_i`` does not start with ``P_i``: Mistral-Nemo
+writes the system message into the last user turn only) gives the row ``P_i`` + the answer as
+the template writes it (content and end of turn, located with a marker in place of the
+content), which is again exactly what the target is asked and generates at serving time.
 
 ``template_kwargs`` (``chat_template_kwargs``, e.g. ``enable_thinking``) reach every rendering,
 so a ``<think></think>`` block the template writes into the generation prompt is prompt, not

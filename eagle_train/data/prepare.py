@@ -71,8 +71,8 @@ class PrepareReport:
 
     def summary(self) -> str:
         lines = [
-            f"prepared {self.num_examples} examples ({self.num_rows} training rows) from "
-            f"{self.num_records} records -> {self.output_dir}",
+            f"prepared {self.num_examples} examples from {self.num_records} records "
+            f"({self.num_rows} training rows) -> {self.output_dir}",
             f"  skipped {self.num_skipped} {dict(sorted(self.skipped.items()))}",
             f"  failed {self.num_failed} {dict(sorted(self.failed.items()))}",
             f"  tokens {self.num_tokens} (assistant {self.num_assistant_tokens}), "

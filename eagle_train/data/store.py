@@ -119,7 +119,8 @@ def load_prepared(path: str | Path) -> datasets.Dataset:
             raise PreparedDataError(
                 f"{path}: column {name!r} is {dataset.features.get(name)}, expected {feature}"
             )
-    expected = meta["counts"].get("examples")
+    # One row per example, except for templates that train one row per assistant turn.
+    expected = meta["counts"].get("rows", meta["counts"].get("examples"))
     if expected != dataset.num_rows:
         raise PreparedDataError(f"{path}: {dataset.num_rows} rows but meta.json says {expected}")
     if meta.get("vocab") and not (Path(path) / meta["vocab"]["file"]).is_file():

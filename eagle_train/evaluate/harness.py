@@ -39,6 +39,8 @@ class EvalSettings:
     kv_cache_memory_bytes: int | None = None
     ignore_eos: bool = False
     baseline: bool = True  # also run the target alone (needed for speedup and for turn 2)
+    # Template variables for the prompts, as the server is run (e.g. enable_thinking).
+    chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -68,7 +70,8 @@ def run_eval(settings: EvalSettings) -> EvalRun:
     tokenizer = AutoTokenizer.from_pretrained(settings.target)
     prompts = load_prompts(settings.prompts, settings.limit)
     run = EvalRun(settings=settings, drafters=infos)
-    first = [Request(p, 1, _render(tokenizer, p, [])) for p in prompts]
+    kw = settings.chat_template_kwargs
+    first = [Request(p, 1, _render(tokenizer, p, [], kw)) for p in prompts]
     second: list[Request] = []
     if settings.baseline:
         with _engine(settings, None) as engine:
@@ -76,7 +79,7 @@ def run_eval(settings: EvalSettings) -> EvalRun:
             answers = _serve(engine, first, "target", run.records, settings)
             second = [
                 Request(
-                    p, 2, _render(tokenizer, p, [tokenizer.decode(a, skip_special_tokens=True)])
+                    p, 2, _render(tokenizer, p, [tokenizer.decode(a, skip_special_tokens=True)], kw)
                 )
                 for p, a in zip(prompts, answers, strict=True)
                 if settings.turns == 2 and len(p.turns) > 1
@@ -107,7 +110,9 @@ def _warm_up(engine: VllmEngine, request: Request) -> None:
     engine.generate([request.token_ids], dict(temperature=0.0, max_tokens=8))
 
 
-def _render(tokenizer: Any, prompt: EvalPrompt, answers: list[str]) -> list[int]:
+def _render(
+    tokenizer: Any, prompt: EvalPrompt, answers: list[str], kwargs: dict[str, Any]
+) -> list[int]:
     messages = [{"role": "system", "content": prompt.system}] if prompt.system else []
     for i, answer in enumerate(answers):
         messages += [
@@ -116,7 +121,7 @@ def _render(tokenizer: Any, prompt: EvalPrompt, answers: list[str]) -> list[int]
         ]
     messages.append({"role": "user", "content": prompt.turns[len(answers)]})
     return tokenizer.apply_chat_template(
-        messages, add_generation_prompt=True, tokenize=True, return_dict=True
+        messages, add_generation_prompt=True, tokenize=True, return_dict=True, **kwargs
     )["input_ids"]
 
 
