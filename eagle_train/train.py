@@ -116,7 +116,8 @@ def check_servable(cfg: RunConfig) -> None:
     if not config_path.is_file():  # a hub id: transformers resolves (and checks) it later
         return
     archs = json.loads(config_path.read_text()).get("architectures") or []
-    problem = serving_problem(archs, get_draft(cfg.draft.algorithm).vllm_method)
+    spec = get_draft(cfg.draft.algorithm)
+    problem = serving_problem(archs, spec.vllm_method, spec.reads_aux_hidden_states)
     if problem is not None:
         raise ConfigError(f"{config_path}: {problem}")
 

@@ -8,6 +8,7 @@ from pathlib import Path
 from typer.testing import CliRunner
 
 from eagle_train.cli import train_draft_app
+from eagle_train.drafts.registry import DRAFTS
 from eagle_train.target.vllm_support import serving_problem
 
 REPO = Path(__file__).resolve().parents[1]
@@ -16,13 +17,16 @@ REPO = Path(__file__).resolve().parents[1]
 def test_serving_problem_table():
     # vLLM 0.32: LlamaForCausalLM / Qwen3ForCausalLM implement SupportsEagle3, Gemma2 does not;
     # method "eagle" reads no auxiliary layers, so it is not restricted.
-    assert serving_problem(["LlamaForCausalLM"], "eagle3") is None
-    assert serving_problem(["Qwen3ForCausalLM"], "dflash") is None
-    assert serving_problem(["Gemma2ForCausalLM"], "eagle") is None
-    problem = serving_problem(["Gemma2ForCausalLM"], "eagle3")
+    assert serving_problem(["LlamaForCausalLM"], "eagle3", True) is None
+    assert serving_problem(["Qwen3ForCausalLM"], "dflash", True) is None
+    assert serving_problem(["Gemma2ForCausalLM"], "eagle", False) is None
+    problem = serving_problem(["Gemma2ForCausalLM"], "eagle3", True)
     assert problem is not None and "architecture Gemma2ForCausalLM" in problem
     assert "method='eagle3'" in problem
-    assert serving_problem([], "dflash") is not None
+    assert serving_problem([], "dflash", True) is not None
+    # The flag each draft declares: the ones that read several target layers.
+    flags = {name: spec.reads_aux_hidden_states for name, spec in DRAFTS.items()}
+    assert flags == {"eagle1": False, "eagle3": True, "peagle": True, "dflash": True}
 
 
 def test_train_draft_refuses_before_any_work(tmp_path):

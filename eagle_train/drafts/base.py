@@ -48,6 +48,8 @@ class DraftSpec(Protocol):
     name: str
     config_cls: type[StrictModel]
     vllm_method: str  # speculative_config.method its exports are served with
+    # vLLM serves it only next to targets that expose auxiliary hidden states (several layers).
+    reads_aux_hidden_states: bool
 
     def recognizes(self, config: dict[str, Any]) -> bool:
         """Whether a drafter config.json (from any exporter) is this algorithm's format."""

@@ -1,11 +1,11 @@
-"""Which target architectures vLLM can serve a draft method next to (one place, one table).
+"""Which target architectures vLLM can serve a draft next to (one place, one table).
 
-vLLM's ``eagle3`` and ``dflash`` methods read auxiliary hidden states of the target, which only
-target classes implementing vLLM's ``SupportsEagle3`` interface provide; any other target fails
-when the engine starts ("Model does not support EAGLE3 interface"), after a whole training run.
-The table is vLLM 0.32's list of causal-LM architectures whose class implements it (read from
-``vllm.model_executor.models`` with ``supports_eagle3``). Methods without such a requirement
-(``eagle``) are not checked.
+Drafts that read several target layers (``DraftSpec.reads_aux_hidden_states``) need a target
+class implementing vLLM's auxiliary-hidden-state interface; any other target fails when the
+engine starts ("Model does not support ... interface"), i.e. after a whole training run. The
+table is vLLM 0.32's list of causal-LM architectures whose class implements it (read from
+``vllm.model_executor.models`` with its interface check). Drafts reading only the last layer
+are not restricted.
 """
 
 from __future__ import annotations
@@ -13,8 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 VLLM_VERSION = "0.32"
-AUX_HIDDEN_STATE_METHODS = ("eagle3", "dflash")
-SUPPORTS_EAGLE3 = frozenset(
+AUX_HIDDEN_STATE_TARGETS = frozenset(
     {
         "AfmoeForCausalLM",
         "ApertusForCausalLM",
@@ -84,15 +83,17 @@ SUPPORTS_EAGLE3 = frozenset(
 )
 
 
-def serving_problem(architectures: Iterable[str], vllm_method: str) -> str | None:
+def serving_problem(
+    architectures: Iterable[str], vllm_method: str, reads_aux_hidden_states: bool
+) -> str | None:
     """Why vLLM cannot serve a ``vllm_method`` draft next to this target, or None."""
     archs = list(architectures)
-    if vllm_method not in AUX_HIDDEN_STATE_METHODS or any(a in SUPPORTS_EAGLE3 for a in archs):
+    if not reads_aux_hidden_states or any(a in AUX_HIDDEN_STATE_TARGETS for a in archs):
         return None
     return (
         f"vLLM {VLLM_VERSION} cannot serve a method={vllm_method!r} draft next to a target of "
         f"architecture {', '.join(archs) or '(none in config.json)'}: its model class does not "
-        "provide the auxiliary hidden states (SupportsEagle3), e.g. LlamaForCausalLM, "
+        "provide auxiliary hidden states, e.g. LlamaForCausalLM, "
         "Qwen3ForCausalLM, GptOssForCausalLM, MistralForCausalLM do; choose another target or "
-        "an algorithm served with method='eagle'"
+        "an algorithm that reads only the last target layer"
     )

@@ -30,6 +30,7 @@ class DFlashSpec:
     name = "dflash"
     config_cls = DFlashConfig
     vllm_method = "dflash"
+    reads_aux_hidden_states = True
 
     def recognizes(self, config: dict[str, Any]) -> bool:
         archs = config.get("architectures") or []

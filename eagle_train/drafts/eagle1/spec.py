@@ -33,6 +33,7 @@ class Eagle1Spec:
     name = "eagle1"
     config_cls = Eagle1Config
     vllm_method = "eagle"
+    reads_aux_hidden_states = False
 
     def recognizes(self, config: dict[str, Any]) -> bool:
         archs = config.get("architectures") or []

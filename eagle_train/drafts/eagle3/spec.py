@@ -21,6 +21,7 @@ class Eagle3Spec:
     name = "eagle3"
     config_cls = Eagle3Config
     vllm_method = "eagle3"
+    reads_aux_hidden_states = True
 
     def recognizes(self, config: dict[str, Any]) -> bool:
         archs = config.get("architectures") or []

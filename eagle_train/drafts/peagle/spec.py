@@ -33,6 +33,7 @@ class PEagleSpec:
     name = "peagle"
     config_cls = PEagleConfig
     vllm_method = "eagle3"
+    reads_aux_hidden_states = True
 
     def recognizes(self, config: dict[str, Any]) -> bool:
         return bool(config.get("parallel_drafting")) and "mask_token_id" in config
