@@ -8,7 +8,7 @@
 #   6. the same drafter trained on prompts SmolLM2 wrote itself (no dataset at all)
 #   7. eval-acceptance on MT-Bench (both turns): AL, per-position acceptance, greedy equality,
 #      and the paired per-prompt difference of every drafter against the first
-# Wall time per stage goes to runs/real/stage_times.tsv. Sizes are in configs/real/*.yaml and
+# Wall time per stage goes to runs/real/stage_times.tsv. Sizes are in configs/data/smollm2-*.yaml, configs/train/eagle3-smollm2.yaml and
 # below (EVAL_LIMIT MT-Bench questions, EVAL_NEW tokens per answer).
 #   EAGLE_TRAIN_REAL_TARGET=DIR  use an already converted copy (DIR/bf16, DIR/fp32)
 #   NO_SETUP=1                   use the commands already on PATH instead of scripts/setup_cpu.sh
@@ -19,8 +19,8 @@ if [ -z "${NO_SETUP:-}" ]; then
     . .venv/bin/activate
 fi
 export VLLM_ENABLE_V1_MULTIPROCESSING=0 HF_HUB_OFFLINE=1 VLLM_CACHE_ROOT="$PWD/runs/.vllm_cache"
-EVAL_LIMIT=${EVAL_LIMIT:-20}
-EVAL_NEW=${EVAL_NEW:-128}
+EVAL_LIMIT=${EVAL_LIMIT:-5}
+EVAL_NEW=${EVAL_NEW:-64}
 OUT=runs/real
 mkdir -p $OUT
 TIMES=$OUT/stage_times.tsv
@@ -38,24 +38,24 @@ TARGET=${EAGLE_TRAIN_REAL_TARGET:-runs/smollm2}
 [ -n "${EAGLE_TRAIN_REAL_TARGET:-}" ] || stage fetch fetch-real-target runs/smollm2
 [ -f runs/real_world/world.json ] || stage demo-chats build-demo-world runs/real_world \
     -c configs/demo/default.yaml --set "families=[]"
-stage prepare-demo-chats prepare-data -c configs/real/data-demo-chats.yaml \
+stage prepare-demo-chats prepare-data -c configs/data/smollm2-demo-chats.yaml \
     --set tokenizer=$TARGET/bf16
-stage train-demo-chats train-draft -c configs/real/eagle3-smollm2.yaml \
+stage train-demo-chats train-draft -c configs/train/eagle3-smollm2.yaml \
     --set target.path=$TARGET/bf16 --resume auto
 last() { ls -d "$1"/checkpoints/step-* | tail -1; }
 stage export-demo-chats export-draft "$(last $OUT/eagle3-demo-chats)" \
     $OUT/eagle3-demo-chats/drafter --overwrite
 
 # Floor: the same shape, never trained (lr 0 for one step keeps the initial weights).
-stage random-init train-draft -c configs/real/eagle3-smollm2.yaml --set target.path=$TARGET/bf16 \
+stage random-init train-draft -c configs/train/eagle3-smollm2.yaml --set target.path=$TARGET/bf16 \
     --set optim.lr=0.0 --set optim.warmup_steps=0 --set train.max_steps=1 \
     --set train.save_every=1 --set train.output_dir=$OUT/random --resume auto
 stage export-random export-draft "$(last $OUT/random)" $OUT/random/drafter --overwrite
 
 # No dataset: SmolLM2 writes the prompts, then answers them.
-stage prepare-synthesized prepare-data -c configs/real/data-synthesized.yaml \
+stage prepare-synthesized prepare-data -c configs/data/smollm2-synthesized.yaml \
     --set tokenizer=$TARGET/bf16
-stage train-synthesized train-draft -c configs/real/eagle3-smollm2.yaml \
+stage train-synthesized train-draft -c configs/train/eagle3-smollm2.yaml \
     --set target.path=$TARGET/bf16 --set data.train=runs/real_data/synthesized \
     --set train.output_dir=$OUT/eagle3-synthesized --resume auto
 stage export-synthesized export-draft "$(last $OUT/eagle3-synthesized)" \

@@ -115,7 +115,7 @@ def test_trained_drafter_served_lossless_and_estimated_exactly(
     )
     cfg = load_config(
         RunConfig,
-        REPO / "configs" / "real" / "eagle3-smollm2.yaml",
+        REPO / "configs" / "train" / "eagle3-smollm2.yaml",
         [
             f"target.path={smollm2 / 'bf16'}",
             f"data.train={data}",
