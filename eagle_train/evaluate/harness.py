@@ -57,7 +57,9 @@ def run_eval(settings: EvalSettings) -> EvalRun:
             answers = _serve(engine, first, "target", run.records, settings)
             second = [
                 Request(
-                    p, 2, _render(tokenizer, p, [tokenizer.decode(a, skip_special_tokens=True)])
+                    p,
+                    2,
+                    _render(tokenizer, p, [str(tokenizer.decode(a, skip_special_tokens=True))]),
                 )
                 for p, a in zip(prompts, answers, strict=True)
                 if settings.turns == 2 and len(p.turns) > 1
