@@ -21,6 +21,7 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
+from eagle_train.acceptance_probe import AcceptanceProbe
 from eagle_train.checkpoint import (
     CheckpointError,
     Resumed,
@@ -34,11 +35,10 @@ from eagle_train.checkpoint import (
     save_checkpoint,
 )
 from eagle_train.config import ConfigError, dump_config
-from eagle_train.data.loader import BatchLoader, PreparedData
+from eagle_train.data.loader import Batch, BatchLoader, PreparedData
 from eagle_train.data.vocab import TokenCounter, VocabMapping, build_vocab_mapping
-from eagle_train.drafts.base import Batch, DraftSpec, loss_parts
+from eagle_train.drafts.base import DraftSpec, loss_parts
 from eagle_train.drafts.registry import get_draft
-from eagle_train.evaluate.during_training import AcceptanceProbe
 from eagle_train.metrics import MetricLog, WeightedMean, format_metrics
 from eagle_train.optim import (
     PrecisionGuard,

@@ -63,7 +63,8 @@ stage export-synthesized export-draft "$(last $OUT/eagle3-synthesized)" \
 
 stage eval eval-acceptance --target $TARGET/bf16 \
     --draft $OUT/eagle3-demo-chats/drafter --draft $OUT/eagle3-synthesized/drafter \
-    --draft ngram --draft $OUT/random/drafter \
-    --num-speculative-tokens 3 --turns 2 --limit "$EVAL_LIMIT" --max-new-tokens "$EVAL_NEW" \
-    --kv-cache-memory-bytes 268435456 --max-model-len 2048 --out $OUT/eval
+    --draft ngram --draft $OUT/random/drafter --out $OUT/eval \
+    --set num_speculative_tokens=3 --set turns=2 --set num_prompts="$EVAL_LIMIT" \
+    --set max_new_tokens="$EVAL_NEW" --set kv_cache_memory_bytes=268435456 \
+    --set max_model_len=2048
 cat $TIMES
