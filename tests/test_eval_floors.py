@@ -1,0 +1,64 @@
+"""eval-acceptance additions: the n-gram floor as a drafter, per-turn AL and greedy equality."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from transformers import LlamaConfig
+
+from eagle_train.evaluate.drafter import inspect_drafter
+from eagle_train.evaluate.harness import EvalRun
+from eagle_train.evaluate.report import summarize, to_markdown
+from eagle_train.evaluate.settings import EvalSettings
+
+
+def test_ngram_is_served_as_vllm_prompt_lookup():
+    info = inspect_drafter("ngram", LlamaConfig(), None)
+    assert info.speculative_config() == {
+        "prompt_lookup_max": 4,
+        "prompt_lookup_min": 1,
+        "method": "ngram",
+        "model": "ngram",
+        "num_speculative_tokens": 3,
+    }
+    assert inspect_drafter("ngram", LlamaConfig(), 5).num_speculative_tokens == 5
+
+
+def _record(model, pid, turn, drafts, accepted, output):
+    return {
+        "model": model,
+        "id": pid,
+        "category": "writing",
+        "turn": turn,
+        "prompt_tokens": 10,
+        "new_tokens": len(output),
+        "seconds": 1.0,
+        "drafts": drafts,
+        "accepted": accepted,
+        "acceptance_length": 1 + accepted / drafts if drafts else 1.0,
+        "accepted_per_pos": [accepted, 0, 0],
+        "output": output,
+    }
+
+
+def test_turns_and_greedy_equality():
+    ngram = inspect_drafter("ngram", LlamaConfig(), 3)
+    settings = EvalSettings(target=Path("t"), drafters=[Path("ngram")])
+    run = EvalRun(settings=settings, drafters=[ngram])
+    run.records = [
+        _record("target", 1, 1, 0, 0, [5, 6, 7]),
+        _record("target", 1, 2, 0, 0, [8, 9]),
+        _record("target", 2, 1, 0, 0, [1]),
+        _record("ngram", 1, 1, 4, 2, [5, 6, 7]),  # same tokens
+        _record("ngram", 1, 2, 2, 0, [8, 8]),  # differs
+        _record("ngram", 2, 1, 1, 1, [1]),  # same
+    ]
+    d = summarize(run)["drafters"]["ngram"]
+    assert d["greedy_equal"] == {"equal": 2, "compared": 3}
+    # turn 1: (2 + 1) accepted over (4 + 1) drafts; turn 2: 0 over 2
+    assert d["turns"]["1"]["acceptance_length"] == 1 + 3 / 5
+    assert d["turns"]["2"]["acceptance_length"] == 1.0
+    assert d["overall"]["acceptance_length"] == 1 + 3 / 7
+    text = to_markdown(summarize(run))
+    assert "| turn 1 | 2 | 1.600 |" in text
+    assert "Greedy output identical to the target alone: 2 of 3" in text
