@@ -18,7 +18,7 @@ ALLOWED: dict[str, set[str]] = {
     "metrics": set(),
     "parallel": set(),
     "engine": set(),  # vLLM engine and its counters: below data and evaluate
-    "target": set(),
+    "target": {"fsutil"},  # fetch.py writes the converted real target atomically
     "optim": {"config"},
     "demo": {"config", "fsutil"},
     "data": {"config", "fsutil", "engine"},
@@ -34,7 +34,7 @@ ALLOWED: dict[str, set[str]] = {
     },
     "cli": {
         *("checkpoint", "config", "data", "demo", "drafts", "engine", "evaluate"),
-        *("export", "run_config", "train"),
+        *("export", "run_config", "target", "train"),
     },
 }
 
