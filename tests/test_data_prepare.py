@@ -256,7 +256,7 @@ def test_load_prepared_validates(tmp_path, tokenizer_dir):
     meta_path.write_text(json.dumps({**meta, "format_version": 99}))
     with pytest.raises(PreparedDataError, match="format_version 99"):
         load_prepared(cfg.output_dir)
-    meta_path.write_text(json.dumps({**meta, "counts": {**meta["counts"], "examples": 5}}))
+    meta_path.write_text(json.dumps({**meta, "counts": {**meta["counts"], "rows": 5}}))
     with pytest.raises(PreparedDataError, match="3 rows but meta.json says 5"):
         load_prepared(cfg.output_dir)
     meta_path.write_text(json.dumps({**meta, "vocab": {"file": "vocab.safetensors"}}))
