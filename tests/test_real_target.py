@@ -93,7 +93,7 @@ def test_real_template_masks_exactly_the_answers(smollm2: Path) -> None:
 def test_trained_drafter_served_lossless_and_estimated_exactly(
     smollm2: Path, tmp_path: Path
 ) -> None:
-    chats = write_jsonl(tmp_path / "chats.jsonl", build_corpus(0, 32, 0, 0))
+    chats = write_jsonl(tmp_path / "chats.jsonl", build_corpus(0, 16, 0, 0))
     data = tmp_path / "data"
     prepare_data(
         load_config(
@@ -107,8 +107,8 @@ def test_trained_drafter_served_lossless_and_estimated_exactly(
                 "regenerate.enabled=true",
                 "regenerate.backend=transformers",
                 "regenerate.dtype=float32",
-                "regenerate.max_new_tokens=48",
-                "regenerate.batch_size=32",
+                "regenerate.max_new_tokens=32",
+                "regenerate.batch_size=16",
                 "vocab.draft_vocab_size=2048",
             ],
         )
@@ -120,8 +120,8 @@ def test_trained_drafter_served_lossless_and_estimated_exactly(
             f"target.path={smollm2 / 'bf16'}",
             f"data.train={data}",
             "data.max_length=256",
-            "train.max_steps=40",
-            "train.save_every=40",
+            "train.max_steps=30",
+            "train.save_every=30",
             f"train.output_dir={tmp_path / 'run'}",
             "train.progress=false",
             "train.tensorboard=false",
@@ -139,7 +139,7 @@ def test_trained_drafter_served_lossless_and_estimated_exactly(
             tokenize=True,
             return_dict=True,
         )["input_ids"]
-        for p in load_prompts("mt_bench", 6)
+        for p in load_prompts("mt_bench", 4)
     ]
     baseline, _ = serve(fp32, prompts, None)
     with_draft, al_vllm = serve(fp32, prompts, drafter, K)
