@@ -6,10 +6,10 @@ from pathlib import Path
 from typing import Literal
 
 import torch
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from eagle_train.config import StrictModel
-from eagle_train.drafts.registry import DraftConfig
+from eagle_train.drafts.registry import DraftConfig, get_draft
 from eagle_train.evaluate.settings import TrainAcceptance
 from eagle_train.optim import OptimConfig
 
@@ -65,6 +65,16 @@ class RunConfig(StrictModel):
     draft: DraftConfig
     optim: OptimConfig = OptimConfig()
     train: TrainSection
+
+    @model_validator(mode="after")
+    def _draft_vocab_is_used(self) -> RunConfig:
+        name = self.draft.algorithm
+        if self.data.draft_vocab_size is not None and not get_draft(name).uses_draft_vocab:
+            raise ValueError(
+                f"data.draft_vocab_size is set, but the {name} draft has no draft vocabulary "
+                "(it predicts over the target's whole vocabulary): remove the key"
+            )
+        return self
 
 
 def resolve_device(name: str) -> torch.device:

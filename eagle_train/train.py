@@ -98,7 +98,10 @@ def build_components(
     )
     spec = get_draft(cfg.draft.algorithm)
     layer_ids = spec.target_layer_ids(cfg.draft, target.config)
-    vocab = vocab or _draft_vocab(cfg, data, target.config.vocab_size, env)
+    if spec.uses_draft_vocab:
+        vocab = vocab or _draft_vocab(cfg, data, target.config.vocab_size, env)
+    elif data.vocab is not None:
+        log.info("the dataset's draft vocabulary is not used: this draft predicts the full one")
     draft = spec.build(cfg.draft, target, vocab)
     draft = draft.to(device=env.device, dtype=resolve_storage_dtype(target.dtype, cfg.optim))
     return Components(target=target, spec=spec, draft=draft, layer_ids=layer_ids, vocab=vocab)

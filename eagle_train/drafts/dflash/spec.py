@@ -32,6 +32,7 @@ class DFlashSpec:
     config_cls = DFlashConfig
     vllm_method = "dflash"
     reads_aux_hidden_states = True
+    uses_draft_vocab = False
 
     def recognizes(self, config: dict[str, Any]) -> bool:
         archs = config.get("architectures") or []

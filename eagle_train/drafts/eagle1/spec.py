@@ -35,6 +35,7 @@ class Eagle1Spec:
     config_cls = Eagle1Config
     vllm_method = "eagle"
     reads_aux_hidden_states = False
+    uses_draft_vocab = False
 
     def recognizes(self, config: dict[str, Any]) -> bool:
         archs = config.get("architectures") or []

@@ -23,6 +23,7 @@ class Eagle3Spec:
     config_cls = Eagle3Config
     vllm_method = "eagle3"
     reads_aux_hidden_states = True
+    uses_draft_vocab = True
 
     def recognizes(self, config: dict[str, Any]) -> bool:
         archs = config.get("architectures") or []

@@ -35,6 +35,7 @@ class PEagleSpec:
     config_cls = PEagleConfig
     vllm_method = "eagle3"
     reads_aux_hidden_states = True
+    uses_draft_vocab = True
 
     def recognizes(self, config: dict[str, Any]) -> bool:
         return bool(config.get("parallel_drafting")) and "mask_token_id" in config
