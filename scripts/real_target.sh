@@ -9,7 +9,8 @@
 #   7. eval-acceptance on MT-Bench (both turns): AL, per-position acceptance, greedy equality,
 #      and the paired per-prompt difference of every drafter against the first
 # Wall time per stage goes to runs/real/stage_times.tsv. Sizes are in
-# configs/data/smollm2-*.yaml, configs/train/eagle3-smollm2.yaml and below (EVAL_LIMIT MT-Bench questions, EVAL_NEW tokens per answer).
+# configs/data/smollm2-*.yaml, configs/train/eagle3-smollm2.yaml and below (EVAL_LIMIT
+# MT-Bench questions, EVAL_NEW tokens per answer).
 #   EAGLE_TRAIN_REAL_TARGET=DIR  use an already converted copy (DIR/bf16, DIR/fp32)
 #   NO_SETUP=1                   use the commands already on PATH instead of scripts/setup_cpu.sh
 set -euo pipefail
