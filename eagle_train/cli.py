@@ -113,6 +113,7 @@ def train_draft(
     from eagle_train.checkpoint import CheckpointError
     from eagle_train.data.errors import DataError
     from eagle_train.run_config import RunConfig
+    from eagle_train.target import TargetError
     from eagle_train.train import NonFiniteLossError, train
 
     _setup_logging(verbose)
@@ -121,7 +122,7 @@ def train_draft(
     try:
         cfg = load_config(RunConfig, config, overrides)
         result = train(cfg)
-    except (ConfigError, DataError, CheckpointError, NonFiniteLossError) as exc:
+    except (ConfigError, DataError, CheckpointError, NonFiniteLossError, TargetError) as exc:
         raise _fail(exc) from None
     if os.environ.get("RANK", "0") == "0":
         typer.echo(json.dumps(result.final_metrics, indent=2))
@@ -136,17 +137,36 @@ def export_draft(
     checkpoint: Annotated[Path, typer.Argument(help="A checkpoint directory (step-*).")],
     out_dir: Annotated[Path, typer.Argument(help="Where to write the vLLM drafter.")],
     overwrite: Annotated[bool, typer.Option(help="Replace an existing directory.")] = False,
+    format: Annotated[
+        str,
+        typer.Option(
+            help="'vllm': vLLM's native drafter (serve with --speculative-config); "
+            "'speculators': the vllm-project/speculators format (vllm serve OUT_DIR)."
+        ),
+    ] = "vllm",
+    verifier: Annotated[
+        str | None,
+        typer.Option(
+            help="Target name recorded for serving, e.g. its hub id (default: the "
+            "training target path)."
+        ),
+    ] = None,
 ) -> None:
-    """Write a bf16 drafter vLLM serves as is, after checking it against vLLM's contract."""
-    from eagle_train.export import ExportError, export_draft, serving_config
+    """Write a drafter vLLM serves as is, after checking it against vLLM's contract, with a
+    model card (README.md) holding the exact vllm serve command."""
+    from eagle_train.export import ExportError, export_draft
+    from eagle_train.model_card import serve_command
 
     _setup_logging(False)
+    if format not in ("vllm", "speculators"):
+        raise _fail(ValueError(f"--format {format!r}: expected 'vllm' or 'speculators'"))
     try:
-        out = export_draft(checkpoint, out_dir, overwrite=overwrite)
+        out = export_draft(checkpoint, out_dir, overwrite, format, verifier)  # type: ignore[arg-type]
     except (ConfigError, ExportError, FileExistsError, FileNotFoundError) as exc:
         raise _fail(exc) from None
     typer.echo(f"drafter written to {out}")
-    typer.echo("speculative_config: " + json.dumps(serving_config(out)))
+    provenance = json.loads((out / "eagle_train.json").read_text())
+    typer.echo("serve: " + serve_command(provenance, out.resolve()))
 
 
 eval_acceptance_app = typer.Typer(add_completion=False, help="Acceptance length in vLLM.")
@@ -184,6 +204,7 @@ def eval_acceptance(
     from eagle_train.evaluate.drafter import DrafterError
     from eagle_train.evaluate.harness import EvalSettings, run_eval
     from eagle_train.evaluate.report import to_markdown, write_report
+    from eagle_train.model_card import record_acceptance
 
     _setup_logging(False)
     settings = EvalSettings(
@@ -203,6 +224,8 @@ def eval_acceptance(
     except (DrafterError, ValueError) as exc:
         raise _fail(exc) from None
     summary = write_report(run, out)
+    for info in run.drafters:
+        record_acceptance(info.path, summary)
     typer.echo(to_markdown(summary))
     typer.echo(f"per-prompt records, summary.json/.md and acceptance.png in {out}")
 

@@ -15,11 +15,12 @@ from typing import Any
 
 import torch
 from tqdm import tqdm
-from transformers import AutoConfig, AutoTokenizer
+from transformers import AutoTokenizer
 
 from eagle_train.evaluate.drafter import DrafterInfo, inspect_drafter
 from eagle_train.evaluate.prompts import EvalPrompt, load_prompts
 from eagle_train.serving import VllmEngine
+from eagle_train.target import load_target_description
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +61,7 @@ def run_eval(settings: EvalSettings) -> EvalRun:
         raise ValueError(f"turns must be 1 or 2, got {settings.turns}")
     if settings.turns == 2 and not settings.baseline:
         raise ValueError("turn 2 is asked with the target's own first answer: keep the baseline")
-    target_config = AutoConfig.from_pretrained(settings.target)
+    target_config = load_target_description(settings.target)
     infos = [
         inspect_drafter(d, target_config, settings.num_speculative_tokens)
         for d in settings.drafters
