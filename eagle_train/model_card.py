@@ -14,12 +14,12 @@ import shlex
 from pathlib import Path
 from typing import Any
 
+from eagle_train.drafts.contract import PROVENANCE_FILE
 from eagle_train.fsutil import atomic_write_text
 
 log = logging.getLogger(__name__)
 MARKER = "<!-- model card written by eagle-train (export-draft, eval-acceptance) -->"
 CARD_FILE = "README.md"
-PROVENANCE_FILE = "eagle_train.json"  # written by export (eagle_train/export.py)
 
 
 def serve_command(provenance: dict[str, Any], drafter_dir: str | Path) -> str:

@@ -119,7 +119,7 @@ def test_served_from_the_drafter_alone_with_the_native_acceptance(tmp_path: Path
     """A perfect-by-construction EAGLE-3 drafter (acceptance K+1 natively) exported in both
     formats: ``LLM(model=SPECULATORS_DIR)`` finds the target and method in the drafter and
     measures the same acceptance, with the target's greedy tokens."""
-    from eagle_train.serving import VllmEngine
+    from eagle_train.engine import VllmEngine
 
     k = 3
     target = build_identity_target(tmp_path / "target")

@@ -42,7 +42,7 @@ def vllm_cannot_run(architecture: str) -> str | None:
 
 
 def greedy(target: Path, drafter: Path | None) -> tuple[list[list[int]], float]:
-    from eagle_train.serving import VllmEngine
+    from eagle_train.engine import VllmEngine
 
     spec = serving_config(drafter) if drafter else None
     sampling = dict(temperature=0.0, max_tokens=24, ignore_eos=True)

@@ -9,21 +9,10 @@ from typing import Any, Protocol
 from torch import Tensor, nn
 
 from eagle_train.config import StrictModel
+from eagle_train.data.loader import Batch
 from eagle_train.data.vocab import VocabMapping
 from eagle_train.target import FrozenTarget, TargetDescription, TargetFeatures
 from eagle_train.target.description import Capability
-
-
-@dataclass
-class Batch:
-    input_ids: Tensor  # (B, T) right-padded token ids
-    loss_mask: Tensor  # (B, T) 1 on assistant tokens
-    attention_mask: Tensor  # (B, T) 1 on real tokens
-    lengths: Tensor  # (B,) real lengths
-
-    @property
-    def num_tokens(self) -> int:
-        return int(self.lengths.sum())
 
 
 @dataclass
@@ -65,6 +54,9 @@ class DraftSpec(Protocol):
     config_cls: type[StrictModel]
     vllm_method: str  # speculative_config.method its exports are served with
     target_needs: Capability  # what vLLM's target must hand this drafter
+    # Whether the draft has a vocabulary of its own (d2t/t2d); False: it predicts over the
+    # target's whole vocabulary through the target's head.
+    uses_draft_vocab: bool
 
     def recognizes(self, config: dict[str, Any]) -> bool:
         """Whether a drafter config.json (from any exporter) is this algorithm's format."""

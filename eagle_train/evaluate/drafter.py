@@ -12,8 +12,8 @@ import torch
 from safetensors import safe_open
 
 from eagle_train.drafts.base import DraftSpec
+from eagle_train.drafts.contract import PROVENANCE_FILE, contract_problems, native_config
 from eagle_train.drafts.registry import identify_drafter
-from eagle_train.export import PROVENANCE_FILE, contract_problems, native_config
 from eagle_train.target import TargetDescription
 
 

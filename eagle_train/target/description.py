@@ -192,7 +192,7 @@ def _default_architecture(config: PretrainedConfig) -> str:
     from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 
     for auto in (AutoModelForCausalLM, AutoModelForImageTextToText):
-        model_cls = auto._model_mapping.get(type(config), None)
+        model_cls: Any = auto._model_mapping.get(type(config), None)
         if model_cls is not None:
-            return model_cls.__name__
+            return str(model_cls.__name__)
     return type(config).__name__.removesuffix("Config")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -43,7 +44,7 @@ class FrozenTarget(nn.Module):
         # A multimodal checkpoint (text model nested under text_config) loads whole; the
         # draft reads only its text decoder.
         config = AutoConfig.from_pretrained(path)
-        auto = AutoModelForCausalLM
+        auto: Any = AutoModelForCausalLM
         if type(config) not in AutoModelForCausalLM._model_mapping:
             auto = AutoModelForImageTextToText
         model = auto.from_pretrained(path, dtype=dtype, device_map=device)

@@ -7,8 +7,9 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from eagle_train.data.loader import Batch
 from eagle_train.data.vocab import VocabMapping
-from eagle_train.drafts.base import Batch, StepResult, VllmDrafter
+from eagle_train.drafts.base import StepResult, VllmDrafter
 from eagle_train.drafts.dflash import export
 from eagle_train.drafts.dflash.blocks import (
     loss_gamma,
@@ -31,6 +32,7 @@ class DFlashSpec:
     config_cls = DFlashConfig
     vllm_method = "dflash"
     target_needs: Capability = "aux_hidden_states"
+    uses_draft_vocab = False
 
     def recognizes(self, config: dict[str, Any]) -> bool:
         archs = config.get("architectures") or []

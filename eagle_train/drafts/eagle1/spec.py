@@ -8,8 +8,9 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from eagle_train.data.loader import Batch
 from eagle_train.data.vocab import VocabMapping
-from eagle_train.drafts.base import Batch, StepResult, VllmDrafter
+from eagle_train.drafts.base import StepResult, VllmDrafter
 from eagle_train.drafts.eagle1 import export
 from eagle_train.drafts.eagle1.config import Eagle1Config
 from eagle_train.drafts.eagle1.loss import eagle1_loss
@@ -33,6 +34,7 @@ class Eagle1Spec:
     config_cls = Eagle1Config
     vllm_method = "eagle"
     target_needs: Capability = "last_hidden_state"
+    uses_draft_vocab = False
 
     def recognizes(self, config: dict[str, Any]) -> bool:
         archs = config.get("architectures") or []

@@ -7,8 +7,9 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from eagle_train.data.loader import Batch
 from eagle_train.data.vocab import VocabMapping
-from eagle_train.drafts.base import Batch, StepResult, VllmDrafter
+from eagle_train.drafts.base import StepResult, VllmDrafter
 from eagle_train.drafts.eagle3 import export
 from eagle_train.drafts.eagle3.config import Eagle3Config
 from eagle_train.drafts.eagle3.loss import accuracy_metrics, eagle3_loss
@@ -23,6 +24,7 @@ class Eagle3Spec:
     config_cls = Eagle3Config
     vllm_method = "eagle3"
     target_needs: Capability = "aux_hidden_states"
+    uses_draft_vocab = True
 
     def recognizes(self, config: dict[str, Any]) -> bool:
         archs = config.get("architectures") or []

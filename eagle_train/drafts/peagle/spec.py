@@ -10,8 +10,9 @@ import torch
 from torch import Tensor, nn
 from transformers import AutoTokenizer
 
+from eagle_train.data.loader import Batch
 from eagle_train.data.vocab import VocabMapping
-from eagle_train.drafts.base import Batch, StepResult, VllmDrafter
+from eagle_train.drafts.base import StepResult, VllmDrafter
 from eagle_train.drafts.eagle_family import DraftShape, aux_layer_ids, draft_ids, layer_style
 from eagle_train.drafts.peagle import export
 from eagle_train.drafts.peagle.config import PEagleConfig
@@ -33,6 +34,7 @@ class PEagleSpec:
     config_cls = PEagleConfig
     vllm_method = "eagle3"
     target_needs: Capability = "aux_hidden_states"
+    uses_draft_vocab = True
 
     def recognizes(self, config: dict[str, Any]) -> bool:
         return bool(config.get("parallel_drafting")) and "mask_token_id" in config
