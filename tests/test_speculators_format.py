@@ -81,7 +81,6 @@ def test_vllm_reads_the_native_drafter_back(
             "architectures",
             "dtype",
             "parallel_drafting",
-            "num_aux_hidden_states",
             "block_size",
         ):
             continue

@@ -225,6 +225,6 @@ def fused_speculators(
         speculators_type=model_type,
         architecture=architecture,
         fields={**top, **fields},
-        moved=(*_FUSED_TOP_LEVEL, "num_aux_hidden_states", "parallel_drafting", *fields),
+        moved=(*_FUSED_TOP_LEVEL, "parallel_drafting", *fields),
         extra_tensors=extra,
     )
