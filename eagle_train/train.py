@@ -9,7 +9,6 @@ and exact resume. Rank 0 alone writes logs and checkpoints; metrics are reduced 
 from __future__ import annotations
 
 import gc
-import json
 import logging
 import math
 import shutil
@@ -34,11 +33,11 @@ from eagle_train.checkpoint import (
     restore_rng_state,
     save_checkpoint,
 )
-from eagle_train.config import ConfigError, dump_config
+from eagle_train.config import dump_config
 from eagle_train.data.loader import Batch, BatchLoader, PreparedData
 from eagle_train.data.vocab import TokenCounter, VocabMapping, build_vocab_mapping
 from eagle_train.drafts.base import DraftSpec, loss_parts
-from eagle_train.drafts.registry import get_draft
+from eagle_train.drafts.registry import check_servable, get_draft
 from eagle_train.metrics import MetricLog, WeightedMean, format_metrics
 from eagle_train.optim import (
     PrecisionGuard,
@@ -62,8 +61,7 @@ from eagle_train.parallel import (
     wrap_model,
 )
 from eagle_train.run_config import DTYPES, RunConfig
-from eagle_train.target import FrozenTarget
-from eagle_train.target.vllm_support import serving_problem
+from eagle_train.target import FrozenTarget, load_target_description
 
 log = logging.getLogger(__name__)
 CONSOLE_KEYS = ("loss", "acc_0", "sim_accept_len", "lr", "grad_norm", "tokens_per_s")
@@ -97,9 +95,9 @@ def build_components(
         cfg.target.path, DTYPES[cfg.target.dtype], str(env.device)
     )
     spec = get_draft(cfg.draft.algorithm)
-    layer_ids = spec.target_layer_ids(cfg.draft, target.config)
+    layer_ids = spec.target_layer_ids(cfg.draft, target.description)
     if spec.uses_draft_vocab:
-        vocab = vocab or _draft_vocab(cfg, data, target.config.vocab_size, env)
+        vocab = vocab or _draft_vocab(cfg, data, target.description.vocab_size, env)
     elif data.vocab is not None:
         log.info("the dataset's draft vocabulary is not used: this draft predicts the full one")
     draft = spec.build(cfg.draft, target, vocab)
@@ -113,20 +111,9 @@ def forward_loss(c: Components, model: nn.Module, batch: Batch, cfg: RunConfig):
     return c.spec.compute_loss(model, features, batch, cfg.draft)
 
 
-def check_servable(cfg: RunConfig) -> None:
-    """Refuse, before any work, a target vLLM cannot serve this algorithm's drafts next to."""
-    config_path = Path(cfg.target.path) / "config.json"
-    if not config_path.is_file():  # a hub id: transformers resolves (and checks) it later
-        return
-    archs = json.loads(config_path.read_text()).get("architectures") or []
-    spec = get_draft(cfg.draft.algorithm)
-    problem = serving_problem(archs, spec.vllm_method, spec.reads_aux_hidden_states)
-    if problem is not None:
-        raise ConfigError(f"{config_path}: {problem}")
-
-
 def train(cfg: RunConfig) -> TrainResult:
-    check_servable(cfg)
+    # Refused before anything is loaded or written when vLLM could not serve the result.
+    check_servable(get_draft(cfg.draft.algorithm), load_target_description(cfg.target.path))
     env = init_distributed(cfg.train.device, cfg.train.dist_timeout_s)
     out = Path(cfg.train.output_dir)
     resumed = _resume_point(cfg, out, env)
