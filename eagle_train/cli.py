@@ -113,6 +113,7 @@ def train_draft(
     from eagle_train.checkpoint import CheckpointError
     from eagle_train.data.errors import DataError
     from eagle_train.run_config import RunConfig
+    from eagle_train.target.cache import FeatureCacheError
     from eagle_train.train import NonFiniteLossError, train
 
     _setup_logging(verbose)
@@ -121,11 +122,64 @@ def train_draft(
     try:
         cfg = load_config(RunConfig, config, overrides)
         result = train(cfg)
-    except (ConfigError, DataError, CheckpointError, NonFiniteLossError) as exc:
+    except (
+        ConfigError,
+        DataError,
+        CheckpointError,
+        NonFiniteLossError,
+        FeatureCacheError,
+    ) as exc:
         raise _fail(exc) from None
     if os.environ.get("RANK", "0") == "0":
         typer.echo(json.dumps(result.final_metrics, indent=2))
         typer.echo(f"last checkpoint: {result.last_checkpoint}")
+
+
+prepare_features_app = typer.Typer(
+    add_completion=False, help="Run the target once and cache what a draft reads from it."
+)
+
+
+@prepare_features_app.command()
+def prepare_features(
+    config: Annotated[Path, typer.Option("--config", "-c", help="Run config (YAML).")],
+    overrides: SetOpt = None,
+    shard_mib: Annotated[int, typer.Option(min=1, help="Feature bytes per shard (MiB).")] = 1024,
+    batch_tokens: Annotated[
+        int, typer.Option(min=1, help="Padded tokens per target forward.")
+    ] = 16384,
+    device_map: Annotated[
+        str | None,
+        typer.Option(help="'auto': spread the target over this node's GPUs (accelerate)."),
+    ] = None,
+    verbose: bool = False,
+) -> None:
+    """Write the features the run config's draft reads (its target layers and the final
+    hidden state) for data.train and data.val into data.features; train-draft with the same
+    config then reads them instead of running the target. Resumable: run it again after a
+    crash. Several processes: torchrun ... $(which prepare-features) -c ... (ranks and nodes
+    split the shards of a shared directory)."""
+    from eagle_train.data.errors import DataError
+    from eagle_train.features import prepare_features as run
+    from eagle_train.run_config import RunConfig
+    from eagle_train.target.cache import FeatureCacheError
+    from eagle_train.target.extract import ExtractSettings
+
+    _setup_logging(verbose)
+    settings = ExtractSettings(
+        shard_mib=shard_mib, batch_tokens=batch_tokens, device_map=device_map
+    )
+    try:
+        cfg = load_config(RunConfig, config, overrides)
+        reports = run(cfg, settings)
+    except (ConfigError, DataError, FeatureCacheError, FileNotFoundError) as exc:
+        raise _fail(exc) from None
+    if os.environ.get("RANK", "0") == "0":
+        for r in reports:
+            typer.echo(
+                f"{r.path}: {r.rows} rows, {r.tokens} tokens, {r.shards} shards "
+                f"({r.written} written by this process) in {r.seconds:.1f}s"
+            )
 
 
 export_draft_app = typer.Typer(add_completion=False, help="Export a draft for vLLM.")
@@ -210,6 +264,7 @@ def eval_acceptance(
 APPS = {
     "build-demo-world": build_demo_app,
     "prepare-data": prepare_data_app,
+    "prepare-features": prepare_features_app,
     "train-draft": train_draft_app,
     "export-draft": export_draft_app,
     "eval-acceptance": eval_acceptance_app,

@@ -105,7 +105,11 @@ class BatchLoader:
             attention[i, : len(s)] = 1
         lengths = attention.sum(1)
         return Batch(
-            input_ids=input_ids, loss_mask=loss_mask, attention_mask=attention, lengths=lengths
+            input_ids=input_ids,
+            loss_mask=loss_mask,
+            attention_mask=attention,
+            lengths=lengths,
+            rows=torch.tensor(indices, dtype=torch.long),
         )
 
     def epoch_batches(self) -> list[Batch]:

@@ -20,6 +20,7 @@ class Batch:
     loss_mask: Tensor  # (B, T) 1 on assistant tokens
     attention_mask: Tensor  # (B, T) 1 on real tokens
     lengths: Tensor  # (B,) real lengths
+    rows: Tensor | None = None  # (B,) dataset row indices (a feature cache reads by row)
 
     @property
     def num_tokens(self) -> int:
