@@ -144,7 +144,9 @@ prepare_features_app = typer.Typer(
 def prepare_features(
     config: Annotated[Path, typer.Option("--config", "-c", help="Run config (YAML).")],
     overrides: SetOpt = None,
-    shard_mib: Annotated[int, typer.Option(min=1, help="Feature bytes per shard (MiB).")] = 1024,
+    shard_mib: Annotated[
+        float, typer.Option(min=0.001, help="Feature bytes per shard (MiB).")
+    ] = 1024,
     batch_tokens: Annotated[
         int, typer.Option(min=1, help="Padded tokens per target forward.")
     ] = 16384,

@@ -94,7 +94,8 @@ def _prepare_split(
     rows = PreparedData(data_path).rows["input_ids"]
     identity = cache_identity(cfg.target.path, cfg.target.dtype, layer_ids, data_path)
     width = (len(set(layer_ids)) + 1) * target.config.hidden_size * target.dtype.itemsize
-    identity["shards"] = plan_shards([len(r) for r in rows], settings.shard_mib * 2**20 // width)
+    per_shard = max(1, int(settings.shard_mib * 2**20) // width)  # tokens
+    identity["shards"] = plan_shards([len(r) for r in rows], per_shard)
     open_split(out, identity, env.is_main)
     if env.is_main:
         clean_stale(out)

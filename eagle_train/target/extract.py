@@ -41,7 +41,7 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class ExtractSettings:
-    shard_mib: int = 1024  # bytes of features per shard file
+    shard_mib: float = 1024  # bytes of features per shard file (MiB)
     batch_tokens: int = 16384  # padded tokens per target forward
     device_map: str | None = None  # "auto": spread the target over this node's GPUs
 
