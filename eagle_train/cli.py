@@ -112,8 +112,8 @@ def train_draft(
     scripts/launch.sh for several nodes)."""
     from eagle_train.checkpoint import CheckpointError
     from eagle_train.data.errors import DataError
+    from eagle_train.features import FeatureCacheError
     from eagle_train.run_config import RunConfig
-    from eagle_train.target.cache import FeatureCacheError
     from eagle_train.train import NonFiniteLossError, train
 
     _setup_logging(verbose)
@@ -162,10 +162,9 @@ def prepare_features(
     crash. Several processes: torchrun ... $(which prepare-features) -c ... (ranks and nodes
     split the shards of a shared directory)."""
     from eagle_train.data.errors import DataError
+    from eagle_train.features import ExtractSettings, FeatureCacheError
     from eagle_train.features import prepare_features as run
     from eagle_train.run_config import RunConfig
-    from eagle_train.target.cache import FeatureCacheError
-    from eagle_train.target.extract import ExtractSettings
 
     _setup_logging(verbose)
     settings = ExtractSettings(
@@ -174,7 +173,7 @@ def prepare_features(
     try:
         cfg = load_config(RunConfig, config, overrides)
         reports = run(cfg, settings)
-    except (ConfigError, DataError, FeatureCacheError, FileNotFoundError) as exc:
+    except (ConfigError, DataError, FeatureCacheError, OSError) as exc:
         raise _fail(exc) from None
     if os.environ.get("RANK", "0") == "0":
         for r in reports:

@@ -80,7 +80,7 @@ def build(args: argparse.Namespace, path: str, out: Path) -> dict:
 def train_point(args: argparse.Namespace, path: str, cache: Path, mode: str, k: int) -> dict:
     import torch
 
-    from eagle_train.drafts.base import Batch
+    from eagle_train.data.loader import Batch
     from eagle_train.drafts.eagle3.config import Eagle3Config
     from eagle_train.drafts.registry import get_draft
     from eagle_train.optim import OptimConfig, create_optimizer

@@ -17,9 +17,9 @@ import torch
 from tqdm import tqdm
 from transformers import AutoConfig, AutoTokenizer
 
+from eagle_train.engine import VllmEngine
 from eagle_train.evaluate.drafter import DrafterInfo, inspect_drafter
 from eagle_train.evaluate.prompts import EvalPrompt, load_prompts
-from eagle_train.serving import VllmEngine
 
 log = logging.getLogger(__name__)
 

