@@ -96,10 +96,12 @@ def _prepare_split(
     width = (len(set(layer_ids)) + 1) * target.config.hidden_size * target.dtype.itemsize
     per_shard = max(1, int(settings.shard_mib * 2**20) // width)  # tokens
     identity["shards"] = plan_shards([len(r) for r in rows], per_shard)
-    open_split(out, identity, env.is_main)
-    if env.is_main:
+    if env.is_main:  # creates the split (or checks the one there), then the others check
+        open_split(out, identity, True)
         clean_stale(out)
     barrier(env)
+    if not env.is_main:
+        open_split(out, identity, False)
     device = target.model.device if settings.device_map else env.device
     written = extract_split(target, rows, out, identity, settings, device, env.rank, env.world_size)
     barrier(env)

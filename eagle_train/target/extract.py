@@ -185,7 +185,7 @@ def finish_split(out: Path, identity: dict[str, Any]) -> dict[str, Any]:
 
 def clean_stale(out: Path) -> None:
     """Temporaries of a killed writer (this tool's own names only)."""
-    for stale in out.glob(".shard-*.tmp-*"):
+    for stale in (*out.glob(".shard-*.tmp-*"), *out.glob(f".{MANIFEST}.tmp-*")):
         stale.unlink(missing_ok=True)
 
 
