@@ -29,6 +29,8 @@ from eagle_train.target.source import CachedFeatures
 from eagle_train.target.weights import load_target_head
 
 REPO = Path(__file__).resolve().parents[1]
+# subprocesses use this process's thread count: bf16 kernels then round alike
+THREADS = str(torch.get_num_threads())
 
 
 def run_sets(
@@ -171,7 +173,7 @@ def test_kill_9_then_rerun_finishes_with_the_same_bytes(
     args = run_sets(tiny_world, tiny_llama_data, out, tmp_path / "unused")
     cmd = [sys.executable, "-m", "eagle_train.cli", "prepare-features", *args]
     cmd += ["--shard-mib", "0.05", "--batch-tokens", "64"]  # ~250 shards: caught midway
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    env = {**os.environ, "OMP_NUM_THREADS": THREADS, "PYTHONPATH": str(REPO)}
     proc = subprocess.Popen(cmd, env=env, cwd=REPO, start_new_session=True)
     first = out / "train" / "shard-00000.json"
     deadline = time.time() + 240
@@ -222,7 +224,7 @@ def test_two_ranks_split_the_shards_and_write_the_same_cache(
     args = run_sets(tiny_world, tiny_llama_data, out, tmp_path / "unused", val=tiny_llama_data)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
     cmd += ["-m", "eagle_train.cli", "prepare-features", *args, "--shard-mib", "1"]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    env = {**os.environ, "OMP_NUM_THREADS": THREADS, "PYTHONPATH": str(REPO)}
     result = subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr[-3000:]
     for split in ("train", "val"):
