@@ -172,7 +172,8 @@ def test_kill_9_then_rerun_finishes_with_the_same_bytes(
     out = tmp_path / "killed"
     args = run_sets(tiny_world, tiny_llama_data, out, tmp_path / "unused")
     cmd = [sys.executable, "-m", "eagle_train.cli", "prepare-features", *args]
-    cmd += ["--shard-mib", "0.05", "--batch-tokens", "64"]  # ~250 shards: caught midway
+    # ~70 shards (caught midway); every row its own forward, as the reference below
+    cmd += ["--shard-mib", "0.2", "--batch-tokens", "1"]
     env = {**os.environ, "OMP_NUM_THREADS": THREADS, "PYTHONPATH": str(REPO)}
     proc = subprocess.Popen(cmd, env=env, cwd=REPO, start_new_session=True)
     first = out / "train" / "shard-00000.json"
@@ -188,12 +189,16 @@ def test_kill_9_then_rerun_finishes_with_the_same_bytes(
     total = len(json.loads((out / "train" / "identity.json").read_text())["shards"])
     assert f"({total - len(done_before)} written by this process)" in result.stdout
     assert verify_cache(out / "train") == [] and not list((out / "train").glob(".shard-*"))
-    # every row equals the uninterrupted cache's (made with another shard plan)
-    got, want = FeatureCache(out / "train"), FeatureCache(cache / "train")
-    lengths = [len(r) for r in PreparedData(tiny_llama_data).rows["input_ids"]]
+    # every row, those written before the kill and after, is the target's own forward of it
+    got = FeatureCache(out / "train")
+    whole = FrozenTarget.from_pretrained(tiny_world / "targets" / "llama" / "bf16")
     names = ["hidden.1", "hidden.2", "hidden.3", "final"]
-    for row, n in enumerate(lengths):
-        for a, b in zip(got.row(row, n, names), want.row(row, n, names), strict=True):
+    for row, ids in enumerate(PreparedData(tiny_llama_data).rows["input_ids"]):
+        ids = torch.tensor([ids])
+        feats = whole.features(ids, torch.ones_like(ids), [1, 2, 3])
+        h = feats.final.shape[-1]
+        want = [feats.aux[0, :, i * h : (i + 1) * h] for i in range(3)] + [feats.final[0]]
+        for a, b in zip(got.row(row, ids.shape[1], names), want, strict=True):
             assert torch.equal(a, b), row
 
 
