@@ -1,8 +1,8 @@
 """The frozen target sharded over the ranks with FSDP2, for targets larger than one device.
 
 Every decoder layer is its own FSDP2 unit (gathered for its forward, freed right after), the
-decoder is the root unit (embeddings, final norm); the output head stays a plain replicated
-matrix. No gradients, no optimizer state: a rank holds 1/W of the decoder's weights plus one
+decoder is the root unit (final norm); the embeddings and the output head stay plain
+replicated matrices (drafts copy them at build). No gradients, no optimizer state: a rank holds 1/W of the decoder's weights plus one
 layer gathered at a time. Weights are read straight into each rank's shard from the
 safetensors files (``torch.distributed.checkpoint``'s Hugging Face reader): no rank ever
 holds the whole model.
@@ -33,7 +33,9 @@ def load_sharded_target(
     mesh = init_device_mesh(device.type, (world_size,))
     for layer in decoder.layers:
         fully_shard(layer, mesh=mesh, reshard_after_forward=True)
-    fully_shard(decoder, mesh=mesh, reshard_after_forward=True)
+    # The embeddings stay whole on every rank: drafts copy them when they are built.
+    embed = {model.get_input_embeddings().weight}
+    fully_shard(decoder, mesh=mesh, reshard_after_forward=True, ignored_params=embed)
     model.to_empty(device=device)
     for name, value in buffers.items():
         model.get_buffer(name).copy_(value)
