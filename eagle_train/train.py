@@ -20,6 +20,7 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
+from eagle_train.acceptance_probe import AcceptanceProbe
 from eagle_train.checkpoint import (
     CheckpointError,
     Resumed,
@@ -37,7 +38,6 @@ from eagle_train.data.loader import Batch, BatchLoader, PreparedData
 from eagle_train.data.vocab import TokenCounter, VocabMapping, build_vocab_mapping
 from eagle_train.drafts.base import DraftSpec, loss_parts
 from eagle_train.drafts.registry import get_draft
-from eagle_train.evaluate.during_training import AcceptanceProbe
 from eagle_train.features import feature_sources, load_target
 from eagle_train.metrics import MetricLog, WeightedMean, format_metrics
 from eagle_train.optim import (
@@ -100,7 +100,10 @@ def build_components(
     spec = get_draft(cfg.draft.algorithm)
     layer_ids = spec.target_layer_ids(cfg.draft, target.config)
     features, val_features = feature_sources(cfg, target, layer_ids, env)
-    vocab = vocab or _draft_vocab(cfg, data, target.config.vocab_size, env)
+    if spec.uses_draft_vocab:
+        vocab = vocab or _draft_vocab(cfg, data, target.config.vocab_size, env)
+    elif data.vocab is not None:
+        log.info("the dataset's draft vocabulary is not used: this draft predicts the full one")
     draft = spec.build(cfg.draft, target, vocab)
     draft = draft.to(device=env.device, dtype=resolve_storage_dtype(target.dtype, cfg.optim))
     return Components(
@@ -455,8 +458,13 @@ def _validation_batches(cfg: RunConfig, pad_id: int) -> list[Batch]:
 
 
 def _to_device(batch: Batch, device: torch.device) -> Batch:
-    moved = (batch.input_ids, batch.loss_mask, batch.attention_mask, batch.lengths)
-    return Batch(*(t.to(device) for t in moved), rows=batch.rows)
+    return Batch(
+        input_ids=batch.input_ids.to(device),
+        loss_mask=batch.loss_mask.to(device),
+        attention_mask=batch.attention_mask.to(device),
+        lengths=batch.lengths.to(device),
+        rows=batch.rows,
+    )
 
 
 def _clip(params: list[nn.Parameter], max_norm: float | None) -> float:

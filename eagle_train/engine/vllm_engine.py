@@ -18,6 +18,19 @@ from eagle_train.engine.counters import SpecCounters, read_counters
 
 logger = logging.getLogger(__name__)
 
+# The one KV-cache default: on CPU vLLM would otherwise reserve ~7 GiB; 256 MiB holds several
+# thousand tokens of a small target. On GPU None lets vLLM size the cache from free memory.
+CPU_KV_CACHE_BYTES = 256 * 2**20
+
+
+def resolve_kv_cache_bytes(requested: int | None) -> int | None:
+    """``requested`` if set; else the CPU default without CUDA, else None (vLLM's sizing)."""
+    if requested is not None:
+        return requested
+    import torch
+
+    return None if torch.cuda.is_available() else CPU_KV_CACHE_BYTES
+
 
 class Measured(NamedTuple):
     tokens: list[int]
@@ -45,7 +58,7 @@ class VllmEngine:
         model: str | Path,
         dtype: str,
         max_model_len: int | None = 2048,
-        kv_cache_memory_bytes: int | None = 64 * 2**20,
+        kv_cache_memory_bytes: int | None = None,  # see resolve_kv_cache_bytes
         seed: int = 0,
         speculative_config: dict[str, Any] | None = None,
         tokenizer: str | Path | None = None,
@@ -62,8 +75,9 @@ class VllmEngine:
         )
         if max_model_len is not None:  # None: the model's own limit
             self.kwargs["max_model_len"] = max_model_len
-        if kv_cache_memory_bytes is not None:
-            self.kwargs["kv_cache_memory_bytes"] = kv_cache_memory_bytes
+        kv_bytes = resolve_kv_cache_bytes(kv_cache_memory_bytes)
+        if kv_bytes is not None:
+            self.kwargs["kv_cache_memory_bytes"] = kv_bytes
         if speculative_config is not None:
             self.kwargs["speculative_config"] = speculative_config
         if tokenizer is not None:

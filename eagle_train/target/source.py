@@ -63,6 +63,6 @@ class CachedFeatures:
             self.cache.row(r, n, names)
             for r, n in zip(batch.rows.tolist(), batch.lengths.tolist(), strict=True)
         ]
-        *aux, final = (t.to(self.device, non_blocking=True) for t in stack_rows(parts, total))
-        aux = torch.cat(aux, dim=-1) if aux else final[..., :0]
+        *layers, final = (t.to(self.device, non_blocking=True) for t in stack_rows(parts, total))
+        aux = torch.cat(layers, dim=-1) if layers else final[..., :0]
         return TargetFeatures(aux=aux, final=final, logits=self.head(final))

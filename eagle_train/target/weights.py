@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 
 import torch
-from accelerate import init_empty_weights
+from accelerate import init_empty_weights  # type: ignore[import-untyped]
 from safetensors import safe_open
 from torch import Tensor, nn
 from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel
