@@ -132,6 +132,7 @@ def train_draft_app(
     scripts/launch.sh for several nodes)."""
     from eagle_train.checkpoint import CheckpointError
     from eagle_train.data.errors import DataError
+    from eagle_train.features import FeatureCacheError
     from eagle_train.run_config import RunConfig
     from eagle_train.target import TargetError
     from eagle_train.train import NonFiniteLossError, train
@@ -142,11 +143,61 @@ def train_draft_app(
     try:
         cfg = load_config(RunConfig, config, overrides)
         result = train(cfg)
-    except (ConfigError, DataError, CheckpointError, NonFiniteLossError, TargetError) as exc:
+    except (
+        ConfigError,
+        DataError,
+        CheckpointError,
+        NonFiniteLossError,
+        FeatureCacheError,
+        TargetError,
+    ) as exc:
         raise _fail(exc) from None
     if os.environ.get("RANK", "0") == "0":
         typer.echo(json.dumps(result.final_metrics, indent=2))
         typer.echo(f"last checkpoint: {result.last_checkpoint}")
+
+
+@command("prepare-features")
+def prepare_features_app(
+    config: Annotated[Path, typer.Option("--config", "-c", help="Run config (YAML).")],
+    overrides: SetOpt = None,
+    shard_mib: Annotated[
+        float, typer.Option(min=0.001, help="Feature bytes per shard (MiB).")
+    ] = 1024,
+    batch_tokens: Annotated[
+        int, typer.Option(min=1, help="Padded tokens per target forward.")
+    ] = 16384,
+    device_map: Annotated[
+        str | None,
+        typer.Option(help="'auto': spread the target over this node's GPUs (accelerate)."),
+    ] = None,
+    verbose: bool = False,
+) -> None:
+    """Write the features the run config's draft reads (its target layers and the final
+    hidden state) for data.train and data.val into data.features; train-draft with the same
+    config then reads them instead of running the target. Resumable: run it again after a
+    crash. Several processes: torchrun ... $(which prepare-features) -c ... (ranks and nodes
+    split the shards of a shared directory)."""
+    from eagle_train.data.errors import DataError
+    from eagle_train.features import ExtractSettings, FeatureCacheError
+    from eagle_train.features import prepare_features as run
+    from eagle_train.run_config import RunConfig
+
+    _setup_logging(verbose)
+    settings = ExtractSettings(
+        shard_mib=shard_mib, batch_tokens=batch_tokens, device_map=device_map
+    )
+    try:
+        cfg = load_config(RunConfig, config, overrides)
+        reports = run(cfg, settings)
+    except (ConfigError, DataError, FeatureCacheError, OSError) as exc:
+        raise _fail(exc) from None
+    if os.environ.get("RANK", "0") == "0":
+        for r in reports:
+            typer.echo(
+                f"{r.path}: {r.rows} rows, {r.tokens} tokens, {r.shards} shards "
+                f"({r.written} written by this process) in {r.seconds:.1f}s"
+            )
 
 
 @command("export-draft")

@@ -20,11 +20,17 @@ DtypeName = Literal["bfloat16", "float16", "float32"]
 class TargetSection(StrictModel):
     path: Path  # anything AutoModelForCausalLM.from_pretrained loads
     dtype: DtypeName = "bfloat16"
+    # Under torchrun, shard the frozen target over the ranks with FSDP2 (each decoder layer
+    # gathered for its forward, then freed): a target larger than one device trains online.
+    shard: bool = False
 
 
 class DataSection(StrictModel):
     train: Path  # a prepare-data output directory
     val: Path | None = None
+    # A prepare-features directory: features are read from it (train/, and val/ when val is
+    # set) instead of running the target; only the target's head and embeddings are loaded.
+    features: Path | None = None
     micro_batch_size: int = Field(default=4, ge=1)
     max_length: int | None = Field(default=None, ge=8)  # crop sequences (None: as prepared)
     seed: int = 0

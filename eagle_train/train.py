@@ -38,6 +38,7 @@ from eagle_train.data.loader import Batch, BatchLoader, PreparedData
 from eagle_train.data.vocab import TokenCounter, VocabMapping, build_vocab_mapping
 from eagle_train.drafts.base import DraftSpec, loss_parts
 from eagle_train.drafts.registry import check_servable, get_draft
+from eagle_train.features import feature_sources, load_target
 from eagle_train.metrics import MetricLog, WeightedMean, format_metrics
 from eagle_train.optim import (
     PrecisionGuard,
@@ -60,8 +61,9 @@ from eagle_train.parallel import (
     shutdown,
     wrap_model,
 )
-from eagle_train.run_config import DTYPES, RunConfig
+from eagle_train.run_config import RunConfig
 from eagle_train.target import FrozenTarget, load_target_description
+from eagle_train.target.source import FeatureSource
 
 log = logging.getLogger(__name__)
 CONSOLE_KEYS = ("loss", "acc_0", "sim_accept_len", "lr", "grad_norm", "tokens_per_s")
@@ -81,33 +83,45 @@ class TrainResult:
 
 @dataclass
 class Components:
-    target: FrozenTarget
+    target: FrozenTarget  # whole, FSDP2-sharded, or its head alone (features from a cache)
+    features: FeatureSource  # training batches' target features (online or cached)
+    val_features: FeatureSource
     spec: DraftSpec
     draft: nn.Module  # the bare module (checkpoints, validation); the loop trains its DDP wrap
     layer_ids: list[int]
     vocab: VocabMapping | None
+    device: torch.device
 
 
 def build_components(
     cfg: RunConfig, data: PreparedData, env: DistEnv, vocab: VocabMapping | None = None
 ) -> Components:
-    target = FrozenTarget.from_pretrained(
-        cfg.target.path, DTYPES[cfg.target.dtype], str(env.device)
-    )
+    target = load_target(cfg, env)
     spec = get_draft(cfg.draft.algorithm)
     layer_ids = spec.target_layer_ids(cfg.draft, target.description)
+    features, val_features = feature_sources(cfg, target, layer_ids, env)
     if spec.uses_draft_vocab:
         vocab = vocab or _draft_vocab(cfg, data, target.description.vocab_size, env)
     elif data.vocab is not None:
         log.info("the dataset's draft vocabulary is not used: this draft predicts the full one")
     draft = spec.build(cfg.draft, target, vocab)
     draft = draft.to(device=env.device, dtype=resolve_storage_dtype(target.dtype, cfg.optim))
-    return Components(target=target, spec=spec, draft=draft, layer_ids=layer_ids, vocab=vocab)
+    return Components(
+        target=target,
+        features=features,
+        val_features=val_features,
+        spec=spec,
+        draft=draft,
+        layer_ids=layer_ids,
+        vocab=vocab,
+        device=env.device,
+    )
 
 
 def forward_loss(c: Components, model: nn.Module, batch: Batch, cfg: RunConfig):
-    batch = _to_device(batch, c.target.model.device)
-    features = c.target.features(batch.input_ids, batch.attention_mask, c.layer_ids)
+    """Validation's forward: the loss of one batch of the validation set."""
+    batch = _to_device(batch, c.device)
+    features = c.val_features.for_batch(batch)
     return c.spec.compute_loss(model, features, batch, cfg.draft)
 
 
@@ -247,8 +261,8 @@ def _accumulate(model: nn.Module, c: Components, loader: BatchLoader, cfg: RunCo
     metrics, tokens, finite = WeightedMean(), 0, True
     accum = cfg.train.grad_accum
     for micro in range(accum):
-        batch = _to_device(loader.next(), c.target.model.device)
-        features = c.target.features(batch.input_ids, batch.attention_mask, c.layer_ids)
+        batch = _to_device(loader.next(), c.device)
+        features = c.features.for_batch(batch)
         parts = loss_parts(c.spec, model, features, batch, cfg.draft)
         for i, part in enumerate(parts):
             with gradient_sync(model, micro == accum - 1 and i == len(parts) - 1):
@@ -447,10 +461,11 @@ def _validation_batches(cfg: RunConfig, pad_id: int) -> list[Batch]:
 
 def _to_device(batch: Batch, device: torch.device) -> Batch:
     return Batch(
-        *(
-            t.to(device)
-            for t in (batch.input_ids, batch.loss_mask, batch.attention_mask, batch.lengths)
-        )
+        input_ids=batch.input_ids.to(device),
+        loss_mask=batch.loss_mask.to(device),
+        attention_mask=batch.attention_mask.to(device),
+        lengths=batch.lengths.to(device),
+        rows=batch.rows,
     )
 
 

@@ -28,14 +28,16 @@ ALLOWED: dict[str, set[str]] = {
     "checkpoint": {"config", "data", "fsutil", "run_config"},
     "model_card": {"drafts", "fsutil"},  # an export's README.md
     "export": {"checkpoint", "drafts", "fsutil", "model_card", "run_config", "target"},
+    # which target a run loads and where its features come from (online or a cache)
+    "features": {"data", "drafts", "parallel", "run_config", "target"},
     "acceptance_probe": {"evaluate", "export", "run_config"},  # vLLM AL during training
     "train": {
-        *("acceptance_probe", "checkpoint", "config", "data", "drafts", "metrics"),
+        *("acceptance_probe", "checkpoint", "config", "data", "drafts", "features", "metrics"),
         *("optim", "parallel", "run_config", "target"),
     },
     "cli": {
         *("checkpoint", "config", "data", "demo", "drafts", "engine", "evaluate"),
-        *("export", "model_card", "run_config", "target", "train"),
+        *("export", "features", "model_card", "run_config", "target", "train"),
     },
 }
 

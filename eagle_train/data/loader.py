@@ -27,6 +27,7 @@ class Batch:
     loss_mask: Tensor  # (B, T) 1 on assistant tokens
     attention_mask: Tensor  # (B, T) 1 on real tokens
     lengths: Tensor  # (B,) real lengths
+    rows: Tensor | None = None  # (B,) dataset row indices (a feature cache reads by row)
 
     @property
     def num_tokens(self) -> int:
@@ -119,7 +120,11 @@ class BatchLoader:
             attention[i, : len(s)] = 1
         lengths = attention.sum(1)
         return Batch(
-            input_ids=input_ids, loss_mask=loss_mask, attention_mask=attention, lengths=lengths
+            input_ids=input_ids,
+            loss_mask=loss_mask,
+            attention_mask=attention,
+            lengths=lengths,
+            rows=torch.tensor(indices, dtype=torch.long),
         )
 
     def epoch_batches(self) -> list[Batch]:

@@ -1,0 +1,123 @@
+"""The target side of a run: which target is loaded (whole, FSDP2-sharded, or its head
+alone), where each batch's features come from (online or a feature cache), and
+``prepare-features``, which fills a cache from the same run config that trains from it."""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+
+from eagle_train.data.loader import PreparedData
+from eagle_train.drafts.registry import get_draft
+from eagle_train.parallel import DistEnv, barrier, init_distributed, shutdown
+from eagle_train.run_config import DTYPES, RunConfig
+from eagle_train.target.cache import FeatureCache, FeatureCacheError, plan_shards
+from eagle_train.target.extract import (
+    ExtractSettings,
+    SplitReport,
+    cache_identity,
+    clean_stale,
+    extract_split,
+    finish_split,
+    open_split,
+)
+from eagle_train.target.frozen import FrozenTarget
+from eagle_train.target.sharded import load_sharded_target
+from eagle_train.target.source import CachedFeatures, FeatureSource, OnlineFeatures
+from eagle_train.target.weights import load_target_head
+
+log = logging.getLogger(__name__)
+
+
+def load_target(cfg: RunConfig, env: DistEnv, device_map: str | None = None) -> FrozenTarget:
+    """What this run needs of the target: its head and embeddings when the features come
+    from a cache, else the whole target (FSDP2-sharded over the ranks with target.shard)."""
+    dtype = DTYPES[cfg.target.dtype]
+    if cfg.data.features is not None:
+        return load_target_head(cfg.target.path, dtype, env.device)
+    if cfg.target.shard and env.distributed:
+        return load_sharded_target(cfg.target.path, dtype, env.device, env.world_size)
+    return FrozenTarget.from_pretrained(cfg.target.path, dtype, device_map or str(env.device))
+
+
+def feature_sources(
+    cfg: RunConfig, target: FrozenTarget, layer_ids: list[int], env: DistEnv
+) -> tuple[FeatureSource, FeatureSource]:
+    """(training, validation) feature sources; a cache is checked against this run's target,
+    layer set, dataset and dtype before any step."""
+    if cfg.data.features is None:
+        online = OnlineFeatures(target, layer_ids)
+        return online, online
+    splits = [("train", cfg.data.train)] + ([("val", cfg.data.val)] if cfg.data.val else [])
+    sources = []
+    for split, data in splits:
+        cache = FeatureCache(Path(cfg.data.features) / split)
+        cache.check(cache_identity(cfg.target.path, cfg.target.dtype, layer_ids, data))
+        sources.append(CachedFeatures(cache, target.lm_head(), layer_ids, env.device))
+    return sources[0], sources[-1]
+
+
+def prepare_features(cfg: RunConfig, settings: ExtractSettings) -> list[SplitReport]:
+    """Run the target once over ``data.train`` (and ``data.val``) and write the layers
+    ``draft`` reads to ``data.features``/{train,val}. Under torchrun the ranks (of every
+    node) split the shards; run again after a crash to finish."""
+    if cfg.data.features is None:
+        raise FeatureCacheError("data.features: expected the directory to write the cache to")
+    env = init_distributed(cfg.train.device, cfg.train.dist_timeout_s)
+    try:
+        target = FrozenTarget.from_pretrained(
+            cfg.target.path, DTYPES[cfg.target.dtype], settings.device_map or str(env.device)
+        )
+        layer_ids = get_draft(cfg.draft.algorithm).target_layer_ids(cfg.draft, target.description)
+        target.check_layer_ids(layer_ids)
+        splits = [("train", cfg.data.train)] + ([("val", cfg.data.val)] if cfg.data.val else [])
+        reports = []
+        for split, data in splits:
+            reports.append(_prepare_split(cfg, target, layer_ids, split, Path(data), settings, env))
+        return reports
+    finally:
+        shutdown(env)
+
+
+def _prepare_split(
+    cfg: RunConfig,
+    target: FrozenTarget,
+    layer_ids: list[int],
+    split: str,
+    data_path: Path,
+    settings: ExtractSettings,
+    env: DistEnv,
+) -> SplitReport:
+    t0 = time.perf_counter()
+    out = Path(cfg.data.features) / split
+    rows = PreparedData(data_path).rows["input_ids"]
+    identity = cache_identity(cfg.target.path, cfg.target.dtype, layer_ids, data_path)
+    width = (len(set(layer_ids)) + 1) * target.config.hidden_size * target.dtype.itemsize
+    per_shard = max(1, int(settings.shard_mib * 2**20) // width)  # tokens
+    identity["shards"] = plan_shards([len(r) for r in rows], per_shard)
+    if env.is_main:  # creates the split (or checks the one there), then the others check
+        open_split(out, identity, True)
+        clean_stale(out)
+    barrier(env)
+    if not env.is_main:
+        open_split(out, identity, False)
+    device = target.model.device if settings.device_map else env.device
+    written = extract_split(target, rows, out, identity, settings, device, env.rank, env.world_size)
+    barrier(env)
+    if env.is_main:
+        manifest = finish_split(out, identity)
+        log.info(
+            "%s: %d rows, %d tokens, %.1f MiB in %d shards",
+            out, manifest["rows"], manifest["tokens"], manifest["bytes"] / 2**20,
+            len(manifest["files"]),
+        )  # fmt: skip
+    barrier(env)
+    return SplitReport(
+        path=out,
+        rows=len(rows),
+        tokens=sum(len(r) for r in rows),
+        shards=len(identity["shards"]),
+        written=written,
+        seconds=time.perf_counter() - t0,
+    )

@@ -1,0 +1,240 @@
+"""The feature cache: prepare-features stores what the target computes, the trainer reads it
+back instead of running the target (same losses), refuses a cache made for something else,
+and a killed extraction resumes to the same bytes."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from eagle_train.cli import prepare_features_app, train_draft_app
+from eagle_train.config import load_config
+from eagle_train.data.loader import BatchLoader, PreparedData
+from eagle_train.features import prepare_features
+from eagle_train.metrics import read_metrics
+from eagle_train.run_config import RunConfig
+from eagle_train.target import FrozenTarget
+from eagle_train.target.cache import FeatureCache, FeatureCacheError, verify_cache
+from eagle_train.target.extract import ExtractSettings
+from eagle_train.target.source import CachedFeatures
+from eagle_train.target.weights import load_target_head
+
+REPO = Path(__file__).resolve().parents[1]
+# subprocesses use this process's thread count: bf16 kernels then round alike
+THREADS = str(torch.get_num_threads())
+
+
+def run_sets(
+    world: Path, data: Path, features: Path | None, out: Path, algo: str = "eagle3", val=None
+):
+    sets = [
+        f"target.path={world / 'targets' / 'llama' / 'bf16'}",
+        f"data.train={data}",
+        f"data.val={val or 'null'}",
+        "train.val_every=3",
+        "train.val_batches=2",
+        "data.micro_batch_size=2",
+        "data.max_length=96",
+        f"train.output_dir={out}",
+        "train.max_steps=6",
+        "train.log_every=1",
+        "train.save_every=6",
+        "train.progress=false",
+        "train.tensorboard=false",
+        "optim.warmup_steps=2",
+    ]
+    if features is not None:
+        sets.append(f"data.features={features}")
+    return ["-c", str(REPO / "configs" / "train" / f"{algo}-llama-demo.yaml")] + [
+        x for s in sets for x in ("--set", s)
+    ]
+
+
+def config(args: list[str]) -> RunConfig:
+    sets = [args[i + 1] for i in range(2, len(args), 2)]
+    return load_config(RunConfig, Path(args[1]), sets)
+
+
+@pytest.fixture(scope="module")
+def cache(tiny_world: Path, tiny_llama_data: Path, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("features") / "llama"
+    args = run_sets(tiny_world, tiny_llama_data, out, out / "unused", val=tiny_llama_data)
+    # small shards: several of them, rows split across shard boundaries are read back whole
+    result = CliRunner().invoke(prepare_features_app, [*args, "--shard-mib", "1"])
+    assert result.exit_code == 0, result.output
+    return out
+
+
+def test_cached_rows_equal_the_targets_own_features(tiny_world, tiny_llama_data, cache):
+    cfg = config(run_sets(tiny_world, tiny_llama_data, cache, cache / "unused"))
+    whole = FrozenTarget.from_pretrained(cfg.target.path)
+    manifest = json.loads((cache / "train" / "manifest.json").read_text())
+    assert len(manifest["files"]) > 1 and manifest["layer_ids"] == [1, 2, 3]
+    assert verify_cache(cache / "train") == []
+    head = load_target_head(cfg.target.path, torch.bfloat16, torch.device("cpu"))
+    source = CachedFeatures(
+        FeatureCache(cache / "train"), head.lm_head(), [3, 1], torch.device("cpu")
+    )
+    data = PreparedData(tiny_llama_data)
+    loader = BatchLoader(data, 3, seed=1, pad_id=0, max_length=96)
+    last_row = len(data) - 1
+    batches = [loader.next() for _ in range(3)] + [loader.collate([last_row, 0])]
+    for batch in batches:
+        got = source.for_batch(batch)
+        want = whole.features(batch.input_ids, batch.attention_mask, [3, 1])
+        real = batch.attention_mask.bool()
+        for name in ("aux", "final", "logits"):
+            a, b = getattr(got, name)[real].float(), getattr(want, name)[real].float()
+            # the same target, batched differently at extraction: bf16 rounding at most
+            torch.testing.assert_close(a, b, atol=0.02, rtol=0.02)
+        assert got.aux.shape == want.aux.shape and got.logits.dtype == want.logits.dtype
+        assert not got.final[~real].any()  # padding is zeros, never another row's tokens
+
+
+def test_head_only_target_holds_no_decoder_weights(tiny_world):
+    path = tiny_world / "targets" / "llama" / "bf16"
+    head = load_target_head(path, torch.bfloat16, torch.device("cpu"))
+    whole = FrozenTarget.from_pretrained(path)
+    assert torch.equal(head.lm_head().weight, whole.lm_head().weight)
+    assert torch.equal(head.embed_tokens().weight, whole.embed_tokens().weight)
+    layer = head.model.get_decoder().layers[0].self_attn.q_proj.weight
+    assert layer.device.type == "meta"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("algo", ["eagle3", "eagle1"])
+def test_training_from_the_cache_gives_the_online_losses(
+    tiny_world, tiny_llama_data, cache, tmp_path, algo
+):
+    # eagle1 reads only the final feature: the same cache (a superset) serves it
+    runs, val = {}, {}
+    for mode, features in (("online", None), ("cached", cache)):
+        out = tmp_path / mode
+        args = run_sets(tiny_world, tiny_llama_data, features, out, algo, val=tiny_llama_data)
+        result = CliRunner().invoke(train_draft_app, args)
+        assert result.exit_code == 0, result.output
+        runs[mode] = [r["loss"] for r in read_metrics(out / "metrics.jsonl", "train")]
+        val[mode] = [r["loss"] for r in read_metrics(out / "metrics.jsonl", "val")]
+    assert len(runs["online"]) == 6 and len(val["online"]) == 2
+    torch.testing.assert_close(
+        torch.tensor(val["cached"]), torch.tensor(val["online"]), rtol=2e-3, atol=0.0
+    )
+    # same batches, features equal up to bf16 rounding of a differently batched forward
+    torch.testing.assert_close(
+        torch.tensor(runs["cached"]), torch.tensor(runs["online"]), rtol=2e-3, atol=0.0
+    )
+
+
+def test_refuses_a_cache_for_another_target_layer_set_or_dataset(
+    tiny_world, tiny_llama_data, cache, tmp_path
+):
+    base = run_sets(tiny_world, tiny_llama_data, cache, tmp_path / "r")
+    cases = {
+        "target": ["--set", f"target.path={tiny_world / 'targets' / 'llama' / 'fp32'}"],
+        "layer set": ["--set", "draft.aux_layer_ids=[0, 2, 3]"],
+        "dataset": ["--set", f"data.train={tiny_llama_data.parent / 'elsewhere'}"],
+    }
+    other = tiny_llama_data.parent / "elsewhere"
+    if not other.exists():
+        import shutil
+
+        shutil.copytree(tiny_llama_data, other)
+        meta = json.loads((other / "meta.json").read_text())
+        meta["counts"]["note"] = "another dataset"
+        (other / "meta.json").write_text(json.dumps(meta))
+    for what, extra in cases.items():
+        result = CliRunner().invoke(train_draft_app, base + extra)
+        assert result.exit_code == 2, result.output
+        assert what in result.output and "made for something else" in result.output
+
+
+def test_an_incomplete_cache_is_refused(tiny_world, tiny_llama_data, cache, tmp_path):
+    partial = tmp_path / "partial" / "train"
+    partial.mkdir(parents=True)
+    (partial / "identity.json").write_text((cache / "train" / "identity.json").read_text())
+    with pytest.raises(FeatureCacheError, match="incomplete"):
+        FeatureCache(partial)
+
+
+@pytest.mark.slow
+def test_kill_9_then_rerun_finishes_with_the_same_bytes(
+    tiny_world, tiny_llama_data, cache, tmp_path
+):
+    out = tmp_path / "killed"
+    args = run_sets(tiny_world, tiny_llama_data, out, tmp_path / "unused")
+    cmd = [sys.executable, "-m", "eagle_train.cli", "prepare-features", *args]
+    # ~70 shards (caught midway); every row its own forward, as the reference below
+    cmd += ["--shard-mib", "0.2", "--batch-tokens", "1"]
+    env = {**os.environ, "OMP_NUM_THREADS": THREADS, "PYTHONPATH": str(REPO)}
+    proc = subprocess.Popen(cmd, env=env, cwd=REPO, start_new_session=True)
+    first = out / "train" / "shard-00000.json"
+    deadline = time.time() + 240
+    while not first.exists() and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.01)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert first.exists() and not (out / "train" / "manifest.json").exists()
+    done_before = sorted(p.name for p in (out / "train").glob("shard-*.json"))
+    result = subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-2000:]
+    total = len(json.loads((out / "train" / "identity.json").read_text())["shards"])
+    assert f"({total - len(done_before)} written by this process)" in result.stdout
+    assert verify_cache(out / "train") == [] and not list((out / "train").glob(".shard-*"))
+    # every row, those written before the kill and after, is the target's own forward of it
+    got = FeatureCache(out / "train")
+    whole = FrozenTarget.from_pretrained(tiny_world / "targets" / "llama" / "bf16")
+    names = ["hidden.1", "hidden.2", "hidden.3", "final"]
+    for row, ids in enumerate(PreparedData(tiny_llama_data).rows["input_ids"]):
+        ids = torch.tensor([ids])
+        feats = whole.features(ids, torch.ones_like(ids), [1, 2, 3])
+        h = feats.final.shape[-1]
+        want = [feats.aux[0, :, i * h : (i + 1) * h] for i in range(3)] + [feats.final[0]]
+        for a, b in zip(got.row(row, ids.shape[1], names), want, strict=True):
+            assert torch.equal(a, b), row
+
+
+def test_prepare_features_refuses_a_directory_made_for_another_layer_set(
+    tiny_world, tiny_llama_data, cache, tmp_path
+):
+    args = run_sets(tiny_world, tiny_llama_data, cache, tmp_path / "unused")
+    result = CliRunner().invoke(
+        prepare_features_app, [*args, "--set", "draft.aux_layer_ids=[0, 1, 2]"]
+    )
+    assert result.exit_code == 2
+    assert "layer set" in result.output and "another data.features directory" in result.output
+    assert "Traceback" not in result.output
+
+
+def test_prepare_features_needs_an_output(tiny_world, tiny_llama_data, tmp_path):
+    cfg = config(run_sets(tiny_world, tiny_llama_data, None, tmp_path / "r"))
+    with pytest.raises(FeatureCacheError, match="data.features"):
+        prepare_features(cfg, ExtractSettings())
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_two_ranks_split_the_shards_and_write_the_same_cache(
+    tiny_world, tiny_llama_data, cache, tmp_path
+):
+    out = tmp_path / "two"
+    args = run_sets(tiny_world, tiny_llama_data, out, tmp_path / "unused", val=tiny_llama_data)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
+    cmd += ["-m", "eagle_train.cli", "prepare-features", *args, "--shard-mib", "1"]
+    env = {**os.environ, "OMP_NUM_THREADS": THREADS, "PYTHONPATH": str(REPO)}
+    result = subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-3000:]
+    for split in ("train", "val"):
+        want = json.loads((cache / split / "manifest.json").read_text())["files"]
+        got = json.loads((out / split / "manifest.json").read_text())["files"]
+        assert [f["sha256"] for f in got] == [f["sha256"] for f in want]
+    # rank 0 wrote the even shards only: the odd ones came from rank 1
+    assert f"({(len(want) + 1) // 2} written by this process)" in result.stdout
