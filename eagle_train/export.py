@@ -22,8 +22,16 @@ import eagle_train
 from eagle_train.checkpoint import load_draft_checkpoint
 from eagle_train.drafts.base import DraftSpec, VllmDrafter
 from eagle_train.drafts.registry import get_draft
-from eagle_train.fsutil import atomic_directory
+from eagle_train.fsutil import (
+    atomic_directory,
+    check_no_overlap,
+    check_output_path,
+    check_replaceable,
+    hold_lock,
+    remove_stale_temporaries,
+)
 from eagle_train.run_config import DTYPES, RunConfig
+from eagle_train.target.location import from_pretrained
 
 PROVENANCE_FILE = "eagle_train.json"
 
@@ -77,7 +85,12 @@ def contract_problems(
 
 
 def export_draft(checkpoint: str | Path, out_dir: str | Path, overwrite: bool = False) -> Path:
-    """Export a training checkpoint (``.../checkpoints/step-*``) as a vLLM drafter."""
+    """Export a training checkpoint (``.../checkpoints/step-*``) as a vLLM drafter. OUT is
+    refused when it is, holds or lies inside the checkpoint (replacing it would delete the
+    run), and replaced only when it is an earlier export or empty."""
+    out = check_output_path(out_dir, "OUT_DIR")
+    check_no_overlap(out, "OUT_DIR", [("checkpoint", Path(checkpoint))])
+    check_replaceable(out, "OUT_DIR", overwrite, is_export, "an export")
     cfg, state, step = load_draft_checkpoint(checkpoint)
     source = {"checkpoint": str(Path(checkpoint).resolve()), "step": step}
     return export_state(state, cfg, out_dir, source, overwrite)
@@ -92,9 +105,8 @@ def export_state(
 ) -> Path:
     """Validate ``state`` against vLLM's contract, cast to the target dtype, write atomically."""
     out = Path(out_dir)
-    if out.exists() and not overwrite:
-        raise FileExistsError(f"{out} already exists; pass --overwrite to replace it")
-    target = AutoConfig.from_pretrained(cfg.target.path)
+    check_replaceable(out, "OUT_DIR", overwrite, is_export, "an export")
+    target = from_pretrained(AutoConfig, cfg.target.path, "target.path (of the run config)")
     spec = get_draft(cfg.draft.algorithm)
     drafter = spec.to_vllm(state, cfg.draft, target)
     validate_drafter(spec, drafter, target)
@@ -114,8 +126,22 @@ def export_state(
         "run_config": cfg.model_dump(mode="json"),
         "versions": versions(),
     }
-    _write_atomic(out, config, tensors, provenance)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with hold_lock(out.parent / f".{out.name}.lock", f"export {out}"):
+        remove_stale_temporaries(out)  # left by an export that was killed
+        check_replaceable(out, "OUT_DIR", overwrite, is_export, "an export")
+        _write_atomic(out, config, tensors, provenance)
     return out
+
+
+def is_export(path: Path) -> bool:
+    """True for a directory ``export-draft`` wrote: its provenance file names how to serve it
+    and the versions that wrote it."""
+    try:
+        info = json.loads((Path(path) / PROVENANCE_FILE).read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(info, dict) and "serving" in info and "versions" in info
 
 
 def serving_config(

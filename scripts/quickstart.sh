@@ -27,4 +27,4 @@ RUN=runs/eagle3-$FAMILY-demo
 export-draft "$(ls -d $RUN/checkpoints/step-* | tail -1)" $RUN/drafter --overwrite
 eval-acceptance --target runs/demo_world/targets/$FAMILY/bf16 --draft $RUN/drafter \
     --prompts runs/demo_world/data/val.jsonl --turns 1 --limit 40 --max-new-tokens 128 \
-    --out $RUN/eval
+    --out $RUN/eval --overwrite

@@ -20,6 +20,7 @@ from transformers import AutoConfig, AutoTokenizer
 from eagle_train.evaluate.drafter import DrafterInfo, inspect_drafter
 from eagle_train.evaluate.prompts import EvalPrompt, load_prompts
 from eagle_train.serving import VllmEngine
+from eagle_train.target.location import from_pretrained
 
 log = logging.getLogger(__name__)
 
@@ -60,12 +61,12 @@ def run_eval(settings: EvalSettings) -> EvalRun:
         raise ValueError(f"turns must be 1 or 2, got {settings.turns}")
     if settings.turns == 2 and not settings.baseline:
         raise ValueError("turn 2 is asked with the target's own first answer: keep the baseline")
-    target_config = AutoConfig.from_pretrained(settings.target)
+    target_config = from_pretrained(AutoConfig, settings.target, "--target")
     infos = [
         inspect_drafter(d, target_config, settings.num_speculative_tokens)
         for d in settings.drafters
     ]
-    tokenizer = AutoTokenizer.from_pretrained(settings.target)
+    tokenizer = from_pretrained(AutoTokenizer, settings.target, "--target")
     prompts = load_prompts(settings.prompts, settings.limit)
     run = EvalRun(settings=settings, drafters=infos)
     first = [Request(p, 1, _render(tokenizer, p, [])) for p in prompts]

@@ -14,6 +14,8 @@ import torch
 from torch import Tensor, nn
 from transformers import AutoModelForCausalLM, PretrainedConfig, PreTrainedModel
 
+from eagle_train.target.location import from_pretrained
+
 
 @dataclass
 class TargetFeatures:
@@ -29,10 +31,14 @@ class FrozenTarget(nn.Module):
 
     @classmethod
     def from_pretrained(
-        cls, path: str | Path, dtype: torch.dtype = torch.bfloat16, device: str = "cpu"
+        cls,
+        path: str | Path,
+        dtype: torch.dtype = torch.bfloat16,
+        device: str = "cpu",
+        key: str = "target.path",
     ) -> FrozenTarget:
         # Load straight onto the device: a large target should not pass through host memory.
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, device_map=device)
+        model = from_pretrained(AutoModelForCausalLM, path, key, dtype=dtype, device_map=device)
         return cls(model)
 
     @property
