@@ -35,7 +35,8 @@ from eagle_train.data.store import (
     VOCAB_FILE,
     ExampleWriter,
     atomic_output_dir,
-    check_output_dir,
+    check_outputs,
+    regenerated_path,
     write_meta,
 )
 from eagle_train.data.vocab import TokenCounter, build_vocab_mapping, save_vocab_mapping
@@ -83,7 +84,7 @@ class PrepareReport:
 
 def prepare_data(cfg: PrepareDataConfig) -> PrepareReport:
     # Fail on config mistakes before any expensive work (loading a model, generating).
-    check_output_dir(cfg.output_dir, cfg.overwrite)
+    check_outputs(cfg)
     missing = [str(p) for p in cfg.inputs if not p.exists()]
     if missing:
         raise DataError(f"inputs not found: {', '.join(missing)}", reason="config")
@@ -173,7 +174,7 @@ def run_regeneration(
     """Regenerate every record into the JSONL; return the report and the settings used."""
     rc = cfg.regenerate
     model = rc.model or cfg.tokenizer
-    path = rc.output_path or cfg.output_dir.with_name(cfg.output_dir.name + ".regenerated.jsonl")
+    path = regenerated_path(cfg)
     plan = RegenerationPlan(
         max_new_tokens=rc.max_new_tokens,
         max_model_len=rc.max_model_len or cfg.max_length,
