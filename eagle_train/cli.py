@@ -11,6 +11,7 @@ from typing import Annotated
 import typer
 
 from eagle_train.config import ConfigError, load_config
+from eagle_train.fsutil import USER_ERRNOS, UnsafePathError, describe_os_error
 
 ConfigOpt = Annotated[Path | None, typer.Option("--config", "-c", help="YAML config file.")]
 SetOpt = Annotated[
@@ -30,8 +31,17 @@ def _setup_logging(verbose: bool) -> None:
 
 
 def _fail(exc: Exception) -> typer.Exit:
-    typer.secho(f"error: {exc}", fg=typer.colors.RED, err=True)
+    message = describe_os_error(exc) if isinstance(exc, OSError) else str(exc)
+    typer.secho(f"error: {message}", fg=typer.colors.RED, err=True)
     return typer.Exit(code=2)
+
+
+def _fail_os(exc: OSError) -> typer.Exit:
+    """A read-only or full filesystem is the user's to fix: one line, exit 2. Any other
+    OSError is a bug and keeps its traceback."""
+    if exc.errno not in USER_ERRNOS:
+        raise exc
+    return _fail(exc)
 
 
 build_demo_app = typer.Typer(add_completion=False, help="Build the tiny local demo world.")
@@ -52,7 +62,7 @@ def build_demo_world(
     try:
         cfg = load_config(DemoConfig, config, overrides)
         summary = build_demo_world(cfg, out_dir, overwrite=overwrite)
-    except (ConfigError, FileExistsError) as exc:
+    except (ConfigError, FileExistsError, UnsafePathError) as exc:
         raise _fail(exc) from None
     typer.echo(
         json.dumps(
@@ -86,8 +96,10 @@ def prepare_data(
     try:
         cfg = load_config(PrepareDataConfig, config, overrides)
         report = run(cfg)
-    except (ConfigError, DataError) as exc:
+    except (ConfigError, DataError, UnsafePathError) as exc:
         raise _fail(exc) from None
+    except OSError as exc:
+        raise _fail_os(exc) from None
     typer.echo(report.summary())
 
 
@@ -112,6 +124,7 @@ def train_draft(
     scripts/launch.sh for several nodes)."""
     from eagle_train.checkpoint import CheckpointError
     from eagle_train.data.errors import DataError
+    from eagle_train.preemption import resume_command
     from eagle_train.run_config import RunConfig
     from eagle_train.train import NonFiniteLossError, train
 
@@ -121,11 +134,15 @@ def train_draft(
     try:
         cfg = load_config(RunConfig, config, overrides)
         result = train(cfg)
-    except (ConfigError, DataError, CheckpointError, NonFiniteLossError) as exc:
+    except (ConfigError, DataError, CheckpointError, NonFiniteLossError, UnsafePathError) as exc:
         raise _fail(exc) from None
+    except OSError as exc:
+        raise _fail_os(exc) from None
     if os.environ.get("RANK", "0") == "0":
         typer.echo(json.dumps(result.final_metrics, indent=2))
         typer.echo(f"last checkpoint: {result.last_checkpoint}")
+        if result.preempted_by:  # exit 0: the work is saved, the scheduler may requeue
+            typer.echo(f"stopped by {result.preempted_by}; resume with: {resume_command()}")
 
 
 export_draft_app = typer.Typer(add_completion=False, help="Export a draft for vLLM.")
@@ -143,8 +160,10 @@ def export_draft(
     _setup_logging(False)
     try:
         out = export_draft(checkpoint, out_dir, overwrite=overwrite)
-    except (ConfigError, ExportError, FileExistsError, FileNotFoundError) as exc:
+    except (ConfigError, ExportError, FileExistsError, FileNotFoundError, UnsafePathError) as exc:
         raise _fail(exc) from None
+    except OSError as exc:
+        raise _fail_os(exc) from None
     typer.echo(f"drafter written to {out}")
     typer.echo("speculative_config: " + json.dumps(serving_config(out)))
 
@@ -174,6 +193,9 @@ def eval_acceptance(
         typer.Option(help="vLLM KV cache size; default: vLLM's sizing on GPU, 512 MiB on CPU."),
     ] = None,
     out: Annotated[Path, typer.Option(help="Output directory.")] = Path("runs/eval"),
+    overwrite: Annotated[
+        bool, typer.Option(help="Replace an earlier evaluation in --out (nothing else).")
+    ] = False,
 ) -> None:
     """Measure acceptance length (MT-Bench by default: greedy, one request at a time) of
     each drafter next to the target, per category, with the no-draft speed baseline and
@@ -183,7 +205,7 @@ def eval_acceptance(
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     from eagle_train.evaluate.drafter import DrafterError
     from eagle_train.evaluate.harness import EvalSettings, run_eval
-    from eagle_train.evaluate.report import to_markdown, write_report
+    from eagle_train.evaluate.report import check_report_dir, to_markdown, write_report
 
     _setup_logging(False)
     settings = EvalSettings(
@@ -199,10 +221,14 @@ def eval_acceptance(
         kv_cache_memory_bytes=kv_cache_memory_bytes,
     )
     try:
+        inputs = [("target", target), *(("drafter", d) for d in draft)]
+        out = check_report_dir(out, overwrite, inputs)  # before the engines start
         run = run_eval(settings)
+        summary = write_report(run, out, overwrite)
     except (DrafterError, ValueError) as exc:
         raise _fail(exc) from None
-    summary = write_report(run, out)
+    except OSError as exc:
+        raise _fail_os(exc) from None
     typer.echo(to_markdown(summary))
     typer.echo(f"per-prompt records, summary.json/.md and acceptance.png in {out}")
 
