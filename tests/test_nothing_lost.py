@@ -5,6 +5,7 @@ behaviour of the code before the fix that it catches."""
 from __future__ import annotations
 
 import errno
+import json
 import os
 import pickle
 import shutil
@@ -304,3 +305,83 @@ def test_a_pickle_payload_in_optimizer_pt_is_refused(run_dir: Path, tmp_path: Pa
 def test_resume_reads_checkpoints_with_weights_only(run_dir: Path):
     resumed = load_for_resume(checkpoint(run_dir))
     assert resumed.state.step == 4 and resumed.optimizer["state"]
+
+
+def test_a_read_only_output_directory(tiny_world: Path, tiny_llama_data: Path, tmp_path: Path):
+    """Before: a PermissionError traceback. (Tests run as root here, which chmod does not
+    stop, so the output goes under /sys, a filesystem no one may create directories in.)"""
+    out = Path("/sys/eagle-train-test-run")
+    try:
+        out.mkdir()
+    except OSError as exc:
+        assert exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM)
+    else:
+        out.rmdir()
+        pytest.skip("/sys is writable here")
+    target = tiny_world / "targets" / "llama" / "bf16"
+    result = CliRunner().invoke(train_draft_app, cli_args(run_sets(target, tiny_llama_data, out)))
+    assert result.exit_code == 2, result.output
+    assert f"train.output_dir {out}: cannot create it" in result.output
+    assert "Traceback" not in result.output
+
+
+# --- eval-acceptance ------------------------------------------------------------------------
+
+
+@pytest.fixture
+def no_vllm(monkeypatch: pytest.MonkeyPatch) -> None:
+    import eagle_train.evaluate.harness as harness
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("vLLM must not start")
+
+    monkeypatch.setattr(harness, "VllmEngine", refuse)
+
+
+def evaluate(target: Path, drafter: Path, out: Path, *extra: str):
+    from eagle_train.cli import eval_acceptance_app
+
+    args = ["--target", str(target), "--draft", str(drafter), "--out", str(out), *extra]
+    return CliRunner().invoke(eval_acceptance_app, args)
+
+
+def test_eval_names_a_truncated_drafter(tiny_world: Path, tmp_path: Path, no_vllm: None):
+    """Before: a SafetensorError traceback."""
+    from test_eval_drafter import export_random
+
+    drafter = export_random(tiny_world, "llama", tmp_path / "d")
+    weights = drafter / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    result = evaluate(tiny_world / "targets" / "llama" / "bf16", drafter, tmp_path / "eval")
+    assert result.exit_code == 2, result.output
+    assert f"{weights}: not a readable safetensors file" in result.output
+    assert not (tmp_path / "eval").exists()
+
+
+def test_eval_out_onto_an_earlier_evaluation(tiny_world: Path, tmp_path: Path, no_vllm: None):
+    """Before: --out wrote into any directory, over an earlier evaluation's files."""
+    from test_eval_drafter import export_random
+
+    target = tiny_world / "targets" / "llama" / "bf16"
+    drafter = export_random(tiny_world, "llama", tmp_path / "d")
+    earlier = tmp_path / "eval"
+    earlier.mkdir()
+    (earlier / "summary.json").write_text(json.dumps({"drafters": {}, "baseline_tokens_per_s": 1}))
+    (earlier / "per_prompt.jsonl").write_text("{}\n")
+    user = tmp_path / "mine"
+    user.mkdir()
+    (user / "summary.json").write_text("my own summary")
+    for out, extra, why in [
+        (earlier, (), "already exists; pass --overwrite to replace it"),
+        (user, ("--overwrite",), "is not empty and not an evaluation: refusing"),
+        (drafter, ("--overwrite",), "is the drafter"),
+        (drafter / "eval", ("--overwrite",), "is inside the drafter"),
+    ]:
+        result = evaluate(target, drafter, out, *extra)
+        assert result.exit_code == 2, result.output
+        assert why in result.output
+    assert (user / "summary.json").read_text() == "my own summary"
+    # An earlier evaluation with --overwrite passes the checks (and reaches the engine).
+    result = evaluate(target, drafter, earlier, "--overwrite")
+    assert isinstance(result.exception, AssertionError), result.output
+    assert (earlier / "per_prompt.jsonl").read_text() == "{}\n"

@@ -117,7 +117,15 @@ def test_sigterm_saves_the_last_step_and_resume_is_bitwise_equal(
     and time limit do (each worker gets it twice: the same notice, not a second one)."""
     out = tmp_path / "run"
     args = args_for(tiny_world, tiny_llama_data, out, nproc)
-    proc = launch(args, nproc, tmp_path / "pids", EAGLE_TEST_STEP_SLEEP="0.3")
+    # torchrun gives its workers 30 s after forwarding the signal, then SIGKILLs them: more
+    # here, so that a loaded test machine does not turn the test into a kill -9 one.
+    proc = launch(
+        args,
+        nproc,
+        tmp_path / "pids",
+        EAGLE_TEST_STEP_SLEEP="0.3",
+        TORCH_ELASTIC_SHUTDOWN_TIMEOUT="300",
+    )
     wait_for_step(proc, out / "metrics.jsonl", 3)
     os.kill(proc.pid, signal.SIGTERM)
     if whom == "group":  # SLURM signals every process of the step, whatever its group
