@@ -64,7 +64,9 @@ def test_a_second_run_is_refused_while_the_first_holds_the_directory(
     replaced by the other run's), and a starting ``--resume auto`` removed the live run's
     save in progress."""
     out = tmp_path / "run"
-    args = args_for(tiny_world, tiny_llama_data, out, 1, "train.max_steps=100000")
+    args = args_for(
+        tiny_world, tiny_llama_data, out, 1, "train.max_steps=100000", "train.save_every=2"
+    )
     first = launch(args, 1, tmp_path / "p1", EAGLE_TEST_STEP_SLEEP="0.2")
     wait_for_step(first, out / "metrics.jsonl", 2)
     in_progress = out / "checkpoints" / ".step-0000099.tmp-live0000"  # a save under way
@@ -78,6 +80,7 @@ def test_a_second_run_is_refused_while_the_first_holds_the_directory(
     assert "Traceback" not in output
     assert in_progress.is_dir()
     # kill -9 leaves no stale lock: the OS released it with the process.
+    wait_for_step(first, out / "metrics.jsonl", 4)  # step 2 is saved by now
     os.killpg(first.pid, signal.SIGKILL)
     first.communicate()
     steps = [r["step"] for r in read_metrics(out / "metrics.jsonl")]
