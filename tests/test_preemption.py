@@ -68,33 +68,33 @@ def test_a_second_run_is_refused_while_the_first_holds_the_directory(
         tiny_world, tiny_llama_data, out, 1, "train.max_steps=100000", "train.save_every=2"
     )
     first = launch(args, 1, tmp_path / "p1", EAGLE_TEST_STEP_SLEEP="0.2")
-    wait_for_step(first, out / "metrics.jsonl", 2)
-    in_progress = out / "checkpoints" / ".step-0000099.tmp-live0000"  # a save under way
-    in_progress.mkdir(parents=True)
-    second = launch([*args, "--resume", "auto"], 1, tmp_path / "p2")
-    output, _ = second.communicate(timeout=300)
-    holder = int((tmp_path / "p1" / "rank-0.pid").read_text())
-    assert second.returncode == 2, output[-3000:]
-    error = [line for line in output.splitlines() if line.startswith("error:")]
-    assert len(error) == 1 and f"in use by another process (pid {holder} on" in error[0]
-    assert "Traceback" not in output
-    assert in_progress.is_dir()
-    # kill -9 leaves no stale lock: the OS released it with the process.
-    wait_for_step(first, out / "metrics.jsonl", 4)  # step 2 is saved by now
-    os.killpg(first.pid, signal.SIGKILL)
-    first.communicate()
+    second = None
+    try:
+        wait_for_step(first, out / "metrics.jsonl", 2)
+        in_progress = out / "checkpoints" / ".step-0000099.tmp-live0000"  # a save under way
+        in_progress.mkdir(parents=True)
+        second = launch([*args, "--resume", "auto"], 1, tmp_path / "p2")
+        output, _ = second.communicate(timeout=300)
+        holder = int((tmp_path / "p1" / "rank-0.pid").read_text())
+        assert second.returncode == 2, output[-3000:]
+        error = [line for line in output.splitlines() if line.startswith("error:")]
+        assert len(error) == 1 and f"in use by another process (pid {holder} on" in error[0]
+        assert "Traceback" not in output
+        assert in_progress.is_dir()
+        # kill -9 leaves no stale lock: the OS released it with the process.
+        wait_for_step(first, out / "metrics.jsonl", 4)  # step 2 is saved by now
+    finally:  # never leave an endless run behind, whatever failed
+        for proc in (first, second):
+            if proc is not None and proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.communicate()
     steps = [r["step"] for r in read_metrics(out / "metrics.jsonl")]
     assert steps == list(range(1, len(steps) + 1))  # one writer: each step once
     newest = find_resumable(out / "checkpoints")
     assert newest is not None, "the first run saved no checkpoint before it was killed"
     resumed_to = int(newest.name[5:]) + 2
-    finish(
-        launch(
-            [*args, "--resume", "auto", "--set", f"train.max_steps={resumed_to}"],
-            1,
-            tmp_path / "p3",
-        )
-    )
+    sets = ["--resume", "auto", "--set", f"train.max_steps={resumed_to}"]
+    finish(launch([*args, *sets], 1, tmp_path / "p3"))
     assert not in_progress.exists()  # its writer is dead: removed under the lock
     assert (out / "checkpoints" / f"step-{resumed_to:07d}").is_dir()
 
