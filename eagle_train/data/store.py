@@ -36,7 +36,6 @@ from eagle_train.fsutil import (
 FORMAT = "eagle-train-prepared"
 FORMAT_VERSION = 1
 META_FILE = "meta.json"
-VOCAB_FILE = "vocab.safetensors"
 FEATURES = datasets.Features(
     {
         "input_ids": datasets.List(datasets.Value("int32")),
