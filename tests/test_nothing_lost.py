@@ -78,6 +78,7 @@ def export(ckpt: Path, out: Path, *extra: str):
 # --- 1. export-draft --overwrite replaces only an earlier export --------------------------
 
 
+@pytest.mark.slow  # trains a run
 def test_export_overwrite_refuses_what_it_did_not_write(run_dir: Path, tmp_path: Path):
     """Before: --overwrite deleted any OUT: a user's directory, the run holding the checkpoint
     (every checkpoint, metrics and evals), or the checkpoint itself, and exited 0."""
@@ -109,6 +110,7 @@ def test_export_overwrite_refuses_what_it_did_not_write(run_dir: Path, tmp_path:
     assert not (out / "stale.bin").exists() and (out / PROVENANCE_FILE).is_file()
 
 
+@pytest.mark.slow  # trains a run
 def test_export_from_another_directory(run_dir: Path, tmp_path: Path, monkeypatch):
     """Before: the checkpoint stored the relative target.path the run was started with, so
     export-draft from any other directory failed to find the target."""
@@ -127,6 +129,7 @@ def test_export_from_a_missing_checkpoint(tmp_path: Path):
     assert "interrupted" not in result.output and not (tmp_path / "out").exists()
 
 
+@pytest.mark.slow  # trains a run
 def test_export_files_are_readable_like_the_rest(run_dir: Path, tmp_path: Path):
     """Before: model.safetensors was 0600 beside 0644 files (safetensors' own mode), so a
     vLLM server under another account could not read the export."""
@@ -245,6 +248,7 @@ def test_fewer_rows_than_one_batch(tiny_world: Path, tiny_llama_data: Path, tmp_
     assert "rows cannot fill one step" in result.output and "Traceback" not in result.output
 
 
+@pytest.mark.slow  # trains a run
 def test_a_full_disk_during_a_checkpoint(
     tiny_world: Path, tiny_llama_data: Path, tmp_path: Path, monkeypatch
 ):
@@ -284,6 +288,7 @@ class _Payload:
         return (Path.touch, (self.path,))
 
 
+@pytest.mark.slow  # trains a run
 def test_a_pickle_payload_in_optimizer_pt_is_refused(run_dir: Path, tmp_path: Path, monkeypatch):
     """Before: torch.load without weights_only; with TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1 in
     the environment a crafted optimizer.pt ran its payload on resume."""
@@ -302,6 +307,7 @@ def test_a_pickle_payload_in_optimizer_pt_is_refused(run_dir: Path, tmp_path: Pa
     assert marker.exists()
 
 
+@pytest.mark.slow  # trains a run
 def test_resume_reads_checkpoints_with_weights_only(run_dir: Path):
     resumed = load_for_resume(checkpoint(run_dir))
     assert resumed.state.step == 4 and resumed.optimizer["state"]
