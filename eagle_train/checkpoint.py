@@ -33,7 +33,7 @@ from eagle_train.data.vocab import (
     load_vocab_mapping,
     save_vocab_mapping,
 )
-from eagle_train.fsutil import atomic_directory
+from eagle_train.fsutil import atomic_directory, is_disk_full
 from eagle_train.run_config import RunConfig
 
 log = logging.getLogger(__name__)
@@ -105,20 +105,37 @@ def save_checkpoint(
     keep_last: int,
 ) -> Path:
     final = root / checkpoint_name(state.step)
-    with atomic_directory(final) as tmp:
-        tensors = {k: v.detach().contiguous() for k, v in draft.items()}
-        save_file(tensors, str(tmp / DRAFT_FILE))
-        torch.save(optimizer, tmp / "optimizer.pt")
-        torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
-        torch.save(rng_states, tmp / RNG_FILE)
-        if vocab is not None:
-            save_vocab_mapping(vocab, tmp / VOCAB_FILE)
-        dump_config(cfg, tmp / "config.yaml")
-        state.files = {p.name: _fingerprint(p) for p in sorted(tmp.iterdir())}
-        (tmp / STATE_FILE).write_text(json.dumps(asdict(state), indent=2))
+    try:
+        with atomic_directory(final) as tmp:
+            tensors = {k: v.detach().contiguous() for k, v in draft.items()}
+            save_file(tensors, str(tmp / DRAFT_FILE))
+            _save_torch(optimizer, tmp / "optimizer.pt")
+            _save_torch(scheduler.state_dict(), tmp / "scheduler.pt")
+            _save_torch(rng_states, tmp / RNG_FILE)
+            if vocab is not None:
+                save_vocab_mapping(vocab, tmp / VOCAB_FILE)
+            dump_config(cfg, tmp / "config.yaml")
+            state.files = {p.name: _fingerprint(p) for p in sorted(tmp.iterdir())}
+            (tmp / STATE_FILE).write_text(json.dumps(asdict(state), indent=2))
+    except Exception as exc:  # the partial directory is already removed
+        if not is_disk_full(exc):
+            raise
+        intact = list_checkpoints(root)
+        raise CheckpointError(
+            f"no space left on device while writing {final} (the partial write was removed); "
+            f"the last intact checkpoint is {intact[-1] if intact else 'none'}: free space "
+            "and rerun with --resume auto"
+        ) from None
     for old in list_checkpoints(root)[:-keep_last]:
         shutil.rmtree(old)
     return final
+
+
+def _save_torch(obj: Any, path: Path) -> None:
+    """``torch.save`` through a Python file, so a full disk raises ``OSError(ENOSPC)`` (a
+    path makes torch's own writer report it as an anonymous ``RuntimeError``)."""
+    with open(path, "wb") as f:
+        torch.save(obj, f)
 
 
 def list_checkpoints(root: Path) -> list[Path]:
@@ -128,6 +145,14 @@ def list_checkpoints(root: Path) -> list[Path]:
 
 def checkpoint_problems(path: Path) -> list[str]:
     """Why ``path`` cannot be resumed from (empty when it is complete and intact)."""
+    path = Path(path)
+    if not path.is_dir():
+        return [f"{path}: {'not a directory' if path.exists() else 'does not exist'}"]
+    if not (path / STATE_FILE).is_file() and _step_dirs(path / "checkpoints"):
+        newest = _step_dirs(path / "checkpoints")[-1]
+        return [
+            f"{path} is a run directory, not a checkpoint: pass one of its checkpoints, e.g. {newest}"
+        ]
     if not (path / STATE_FILE).is_file():
         return [f"{path}: incomplete (no {STATE_FILE}; the writer was interrupted)"]
     try:
@@ -177,9 +202,11 @@ def load_for_resume(path: Path) -> Resumed:
         state=TrainerState.from_json((path / STATE_FILE).read_text()),
         config=load_config(RunConfig, path / "config.yaml"),
         draft=load_file(str(path / DRAFT_FILE)),
-        optimizer=torch.load(path / "optimizer.pt", map_location="cpu"),
-        scheduler=torch.load(path / "scheduler.pt", map_location="cpu"),
-        rng_states=torch.load(path / RNG_FILE, map_location="cpu"),
+        # weights_only=True explicitly: TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1 only overrides
+        # calls that leave it unset, so a crafted pickle here never runs.
+        optimizer=torch.load(path / "optimizer.pt", map_location="cpu", weights_only=True),
+        scheduler=torch.load(path / "scheduler.pt", map_location="cpu", weights_only=True),
+        rng_states=torch.load(path / RNG_FILE, map_location="cpu", weights_only=True),
         vocab=load_vocab_mapping(vocab_file) if vocab_file.is_file() else None,
     )
 
@@ -189,7 +216,7 @@ def load_draft_checkpoint(path: str | Path) -> tuple[RunConfig, dict[str, torch.
     path = Path(path)
     problems = checkpoint_problems(path)
     if problems:
-        raise FileNotFoundError(f"{path}: not a usable checkpoint: " + "; ".join(problems))
+        raise FileNotFoundError("not a usable checkpoint: " + "; ".join(problems))
     cfg = load_config(RunConfig, path / "config.yaml")
     state = load_file(str(path / DRAFT_FILE))
     step = TrainerState.from_json((path / STATE_FILE).read_text()).step

@@ -18,6 +18,7 @@ from typing import Annotated, Any
 import typer
 
 from eagle_train.config import ConfigError, load_config
+from eagle_train.fsutil import USER_ERRNOS, UnsafePathError, describe_os_error
 
 app = typer.Typer(
     add_completion=False,
@@ -59,8 +60,17 @@ def _setup_logging(verbose: bool) -> None:
 
 
 def _fail(exc: Exception) -> typer.Exit:
-    typer.secho(f"error: {exc}", fg=typer.colors.RED, err=True)
+    message = describe_os_error(exc) if isinstance(exc, OSError) else str(exc)
+    typer.secho(f"error: {message}", fg=typer.colors.RED, err=True)
     return typer.Exit(code=2)
+
+
+def _fail_os(exc: OSError) -> typer.Exit:
+    """A read-only or full filesystem is the user's to fix: one line, exit 2. Any other
+    OSError is a bug and keeps its traceback."""
+    if exc.errno not in USER_ERRNOS:
+        raise exc
+    return _fail(exc)
 
 
 @command("build-demo-world")
@@ -78,7 +88,7 @@ def build_demo_app(
     try:
         cfg = load_config(DemoConfig, config, overrides)
         summary = build_demo_world(cfg, out_dir, overwrite=overwrite)
-    except (ConfigError, FileExistsError) as exc:
+    except (ConfigError, FileExistsError, UnsafePathError) as exc:
         raise _fail(exc) from None
     typer.echo(
         json.dumps(
@@ -109,8 +119,10 @@ def prepare_data_app(
     try:
         cfg = load_config(PrepareDataConfig, config, overrides)
         report = run(cfg)
-    except (ConfigError, DataError) as exc:
+    except (ConfigError, DataError, UnsafePathError) as exc:
         raise _fail(exc) from None
+    except OSError as exc:
+        raise _fail_os(exc) from None
     typer.echo(report.summary())
 
 
@@ -133,6 +145,7 @@ def train_draft_app(
     from eagle_train.checkpoint import CheckpointError
     from eagle_train.data.errors import DataError
     from eagle_train.features import FeatureCacheError
+    from eagle_train.preemption import resume_command
     from eagle_train.run_config import RunConfig
     from eagle_train.target import TargetError
     from eagle_train.train import NonFiniteLossError, train
@@ -150,11 +163,16 @@ def train_draft_app(
         NonFiniteLossError,
         FeatureCacheError,
         TargetError,
+        UnsafePathError,
     ) as exc:
         raise _fail(exc) from None
+    except OSError as exc:
+        raise _fail_os(exc) from None
     if os.environ.get("RANK", "0") == "0":
         typer.echo(json.dumps(result.final_metrics, indent=2))
         typer.echo(f"last checkpoint: {result.last_checkpoint}")
+        if result.preempted_by:  # exit 0: the work is saved, the scheduler may requeue
+            typer.echo(f"stopped by {result.preempted_by}; resume with: {resume_command()}")
 
 
 @command("prepare-features")
@@ -230,8 +248,10 @@ def export_draft_app(
         raise _fail(ValueError(f"--format {format!r}: expected 'vllm' or 'speculators'"))
     try:
         out = export_draft(checkpoint, out_dir, overwrite, format, verifier)  # type: ignore[arg-type]
-    except (ConfigError, ExportError, FileExistsError, FileNotFoundError) as exc:
+    except (ConfigError, ExportError, FileExistsError, FileNotFoundError, UnsafePathError) as exc:
         raise _fail(exc) from None
+    except OSError as exc:
+        raise _fail_os(exc) from None
     typer.echo(f"drafter written to {out}")
     provenance = json.loads((out / "eagle_train.json").read_text())
     typer.echo("serve: " + serve_command(provenance, out.resolve()))
@@ -249,6 +269,9 @@ def eval_acceptance_app(
         ),
     ] = None,
     out: Annotated[Path | None, typer.Option(help="Output directory (output_dir).")] = None,
+    overwrite: Annotated[
+        bool, typer.Option(help="Replace an earlier evaluation in --out (nothing else).")
+    ] = False,
     verbose: bool = False,
 ) -> None:
     """Measure acceptance length (MT-Bench by default: greedy, one request at a time) of
@@ -259,7 +282,7 @@ def eval_acceptance_app(
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     from eagle_train.evaluate.drafter import DrafterError
     from eagle_train.evaluate.harness import run_eval
-    from eagle_train.evaluate.report import to_markdown, write_report
+    from eagle_train.evaluate.report import check_report_dir, to_markdown, write_report
     from eagle_train.evaluate.settings import EvalSettings
     from eagle_train.model_card import record_acceptance
 
@@ -268,10 +291,14 @@ def eval_acceptance_app(
     given = [f"{k}={json.dumps(v, default=str)}" for k, v in flags.items() if v is not None]
     try:
         settings = load_config(EvalSettings, config, [*given, *(overrides or [])])
+        inputs = [("target", settings.target), *(("drafter", d) for d in settings.drafters)]
+        out = check_report_dir(settings.output_dir, overwrite, inputs)  # before any engine
         run = run_eval(settings)
+        summary = write_report(run, out, overwrite)
     except (ConfigError, DrafterError, ValueError) as exc:
         raise _fail(exc) from None
-    summary = write_report(run, settings.output_dir)
+    except OSError as exc:
+        raise _fail_os(exc) from None
     for info in run.drafters:  # the acceptance table goes into each export's model card
         record_acceptance(info.path, summary)
     typer.echo(to_markdown(summary))

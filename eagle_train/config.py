@@ -26,6 +26,30 @@ class ConfigError(ValueError):
     """A user mistake in a config file or an override."""
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, except that a key repeated in one mapping is an error (the
+    plain loader silently keeps the last value, so a duplicated section loses settings)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            line = key_node.start_mark.line + 1
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None,
+                    None,
+                    f"duplicate key {key!r} (first at line {seen[key]})",
+                    key_node.start_mark,
+                )
+            seen[key] = line
+        return super().construct_mapping(node, deep=deep)
+
+
+def _load_yaml(text: str) -> Any:
+    return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 (a SafeLoader subclass)
+
+
 def parse_override(text: str) -> tuple[list[str], Any]:
     """``"optim.lr=3e-4"`` -> ``(["optim", "lr"], 3e-4)``; the value is parsed as YAML."""
     key, sep, raw = text.partition("=")
@@ -35,7 +59,7 @@ def parse_override(text: str) -> tuple[list[str], Any]:
             f"--set {text!r}: expected KEY=VALUE with a dotted key, e.g. optim.lr=3e-4"
         )
     try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
+        value = _load_yaml(raw) if raw.strip() else ""
     except yaml.YAMLError as exc:
         raise ConfigError(f"--set {text!r}: value is not valid YAML: {exc}") from None
     return key.split("."), value
@@ -84,7 +108,11 @@ def read_yaml(path: Path) -> tuple[dict[str, Any], dict[tuple[str, ...], int]]:
     text = path.read_text()
     try:
         node = yaml.compose(text)
-        data = yaml.safe_load(text)
+        data = _load_yaml(text)
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark
+        line = f":{mark.line + 1}" if mark is not None else ""
+        raise ConfigError(f"{path}{line}: {exc.problem or exc}") from None
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path}: not valid YAML: {exc}") from None
     if data is None:
@@ -111,7 +139,9 @@ def format_validation_error(
         line = _nearest_line(loc, lines)
         where = f"{source}:{line}" if line else source
         for path, text in (overridden or {}).items():
-            if loc[: len(path)] == path:
+            # The --set made the key, or an unknown section it created (``foo.bar=1`` is
+            # reported at ``foo``).
+            if loc[: len(path)] == path or path[: len(loc)] == loc:
                 where = f"--set {text!r}"
         if err["type"] == "extra_forbidden":
             messages.append(f"{where}: unknown key {key!r}")

@@ -25,7 +25,14 @@ from eagle_train.checkpoint import load_draft_checkpoint
 from eagle_train.drafts.base import DraftSpec, VllmDrafter
 from eagle_train.drafts.contract import PROVENANCE_FILE, contract_problems
 from eagle_train.drafts.registry import check_servable, get_draft
-from eagle_train.fsutil import atomic_directory
+from eagle_train.fsutil import (
+    atomic_directory,
+    check_no_overlap,
+    check_output_path,
+    check_replaceable,
+    hold_lock,
+    remove_stale_temporaries,
+)
 from eagle_train.model_card import CARD_FILE, render_card
 from eagle_train.run_config import DTYPES, RunConfig
 from eagle_train.target import TargetDescription, TargetError, load_target_description
@@ -52,7 +59,12 @@ def export_draft(
     fmt: ExportFormat = "vllm",
     verifier: str | None = None,
 ) -> Path:
-    """Export a training checkpoint (``.../checkpoints/step-*``) as a vLLM drafter."""
+    """Export a training checkpoint (``.../checkpoints/step-*``) as a vLLM drafter. OUT is
+    refused when it is, holds or lies inside the checkpoint (replacing it would delete the
+    run), and replaced only when it is an earlier export or empty."""
+    out = check_output_path(out_dir, "OUT_DIR")
+    check_no_overlap(out, "OUT_DIR", [("checkpoint", Path(checkpoint))])
+    check_replaceable(out, "OUT_DIR", overwrite, is_export, "an export")
     cfg, state, step = load_draft_checkpoint(checkpoint)
     source = {"checkpoint": str(Path(checkpoint).resolve()), "step": step}
     return export_state(state, cfg, out_dir, source, overwrite, fmt, verifier)
@@ -70,9 +82,8 @@ def export_state(
     """Validate ``state`` against vLLM's contract, cast to the target dtype, write atomically.
     ``verifier``: the target name recorded for serving (default: the training target path)."""
     out = Path(out_dir)
-    if out.exists() and not overwrite:
-        raise FileExistsError(f"{out} already exists; pass --overwrite to replace it")
-    target = load_target_description(cfg.target.path)
+    check_replaceable(out, "OUT_DIR", overwrite, is_export, "an export")
+    target = load_target_description(cfg.target.path, "target.path (of the run config)")
     spec = get_draft(cfg.draft.algorithm)
     try:
         check_servable(spec, target)
@@ -111,7 +122,11 @@ def export_state(
         "run_config": cfg.model_dump(mode="json"),
         "versions": versions(),
     }
-    _write_atomic(out, config, tensors, provenance)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with hold_lock(out.parent / f".{out.name}.lock", f"export {out}"):
+        remove_stale_temporaries(out)  # left by an export that was killed
+        check_replaceable(out, "OUT_DIR", overwrite, is_export, "an export")
+        _write_atomic(out, config, tensors, provenance)
     return out
 
 
@@ -151,6 +166,16 @@ def speculators_config(
         },
         "dtype": native["dtype"],
     }
+
+
+def is_export(path: Path) -> bool:
+    """True for a directory ``export-draft`` wrote: its provenance file names how to serve it
+    and the versions that wrote it."""
+    try:
+        info = json.loads((Path(path) / PROVENANCE_FILE).read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(info, dict) and "serving" in info and "versions" in info
 
 
 def serving_config(

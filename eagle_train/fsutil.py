@@ -1,33 +1,61 @@
-"""Files and directories that appear whole or not at all."""
+"""File safety shared by every command that writes: nothing a user wrote is ever lost.
+
+- ``atomic_directory``: a directory appears whole or not at all (temporary sibling, every
+  file and directory fsynced, renamed, parent fsynced), its files readable like the rest
+  (safetensors writes 0600; here every file gets the umask's default mode).
+- ``check_output_path`` / ``check_no_overlap`` / ``check_replaceable``: an output that is
+  empty or root-like, that overlaps an input, or that would replace something this tool did
+  not write, is refused with one line naming the path and why.
+- ``hold_lock``: an exclusive ``flock`` that names its holder; the OS releases it when the
+  process dies (``kill -9`` leaves no stale lock).
+"""
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import os
 import shutil
+import socket
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+
+_TMP = ".tmp-"
+_OLD = ".old-"
+DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
+# OSErrors that are the user's to fix (permissions, a read-only or full filesystem).
+USER_ERRNOS = (errno.EACCES, errno.EPERM, errno.EROFS, *DISK_FULL)
+
+
+class UnsafePathError(ValueError):
+    """An output that would destroy or mix with files this tool did not write, or one that
+    cannot be written (read-only, in use by another process)."""
 
 
 @contextmanager
 def atomic_directory(final: Path) -> Iterator[Path]:
     """Yield a temporary sibling of ``final`` that is renamed to ``final`` only if the block
     completes; an existing ``final`` is replaced (moved aside first, so there is never a
-    moment with neither). On any error the temporary is removed and ``final`` is untouched."""
+    moment with neither). Callers decide whether ``final`` may be replaced. On any error the
+    temporary is removed and ``final`` is untouched."""
     final = Path(final)
     final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = final.parent / f".{final.name}.tmp-{uuid.uuid4().hex[:8]}"
+    tmp = final.parent / f".{final.name}{_TMP}{uuid.uuid4().hex[:8]}"
     tmp.mkdir()
     try:
         yield tmp
+        publish_tree(tmp)
         if final.exists():
-            old = final.parent / f".{final.name}.old-{uuid.uuid4().hex[:8]}"
+            old = final.parent / f".{final.name}{_OLD}{uuid.uuid4().hex[:8]}"
             final.rename(old)
             tmp.rename(final)
+            _fsync_dir(final.parent)
             shutil.rmtree(old)
         else:
             tmp.rename(final)
+            _fsync_dir(final.parent)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -46,3 +74,178 @@ def atomic_write_text(path: Path, text: str) -> None:
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+def publish_tree(root: Path) -> None:
+    """Give every file under ``root`` the default mode (0666 less the umask) and flush
+    every file and directory to disk, deepest first, so a rename that follows publishes
+    complete data even across a power loss."""
+    mode = 0o666 & ~current_umask()
+    for dirpath, _, filenames in os.walk(root, topdown=False):
+        for name in filenames:
+            path = os.path.join(dirpath, name)
+            os.chmod(path, mode)
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        _fsync_dir(Path(dirpath))
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def current_umask() -> int:
+    """The process umask, read without changing it where Linux allows."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except OSError:
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def remove_stale_temporaries(final: Path) -> list[Path]:
+    """Remove the temporary siblings ``atomic_directory`` left for ``final`` when its writer
+    was killed. Only call this while holding the lock that every writer of ``final`` holds,
+    so no live writer's directory is among them."""
+    final = Path(final)
+    if not final.parent.is_dir():
+        return []
+    stale = [
+        p
+        for p in final.parent.glob(f".{final.name}.*")
+        if p.is_dir() and p.name[len(final.name) + 1 :].startswith((_TMP, _OLD))
+    ]
+    for path in stale:
+        shutil.rmtree(path, ignore_errors=True)
+    return stale
+
+
+def check_output_path(path: Path | str, key: str) -> Path:
+    """``path`` resolved; refused when empty (an unset ``$OUT``), the current directory, the
+    home directory or a filesystem root: writing there mixes outputs with whatever is there."""
+    text = str(path).strip()
+    if text in ("", "."):
+        raise UnsafePathError(
+            f"{key} is empty ({str(path)!r}, e.g. an unset variable): name a directory of its own"
+        )
+    resolved = Path(text).expanduser().resolve()
+    if resolved == Path(resolved.anchor):
+        why = "a filesystem root"
+    elif resolved == Path.home().resolve():
+        why = "the home directory"
+    elif resolved == Path.cwd().resolve():
+        why = "the current directory"
+    else:
+        return resolved
+    raise UnsafePathError(f"{key} {text!r} is {why}: name a directory of its own")
+
+
+def overlaps(a: Path | str, b: Path | str) -> bool:
+    """True when ``a`` and ``b`` are the same path or one lies inside the other."""
+    ra, rb = Path(a).expanduser().resolve(), Path(b).expanduser().resolve()
+    return ra == rb or ra in rb.parents or rb in ra.parents
+
+
+def check_no_overlap(output: Path, key: str, inputs: Iterable[tuple[str, Path | None]]) -> None:
+    """Refuse an output that is, contains or lies inside one of ``inputs`` (name, path)."""
+    for name, path in inputs:
+        if path is None or not overlaps(output, path):
+            continue
+        out, inp = Path(output).resolve(), Path(path).resolve()
+        how = "is" if out == inp else "contains" if out in inp.parents else "is inside"
+        raise UnsafePathError(
+            f"{key} {output} {how} the {name} {path}: choose an output apart from its inputs"
+        )
+
+
+def check_replaceable(
+    path: Path,
+    key: str,
+    overwrite: bool,
+    is_ours: Callable[[Path], bool],
+    what: str,
+    hint: str = "pass --overwrite",
+) -> None:
+    """An existing ``path`` is replaced only with ``overwrite`` and only when it is empty or
+    recognisably this tool's own earlier output (``is_ours``); anything else is refused."""
+    path = Path(path)
+    if not path.exists() and not path.is_symlink():
+        return
+    if not path.is_dir() or path.is_symlink():
+        raise UnsafePathError(f"{key} {path} exists and is not a directory; choose another path")
+    if not overwrite:
+        raise UnsafePathError(f"{path} already exists; {hint} to replace it")
+    if any(path.iterdir()) and not is_ours(path):
+        raise UnsafePathError(
+            f"{path} is not empty and not {what}: refusing to replace it (only {what} this "
+            "tool wrote, or an empty directory, is replaced)"
+        )
+
+
+@contextmanager
+def hold_lock(path: Path, what: str) -> Iterator[None]:
+    """Hold an exclusive lock on the file ``path`` (created if needed, removed on release)
+    for the block. Another holder: ``UnsafePathError`` naming its pid and host. The OS drops
+    the lock when the process dies, so a killed holder never blocks the next run."""
+    fd = _acquire(Path(path), what)
+    try:
+        yield
+    finally:
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+        os.close(fd)  # after the unlink: a waiter that opened the old file retries
+
+
+def _acquire(path: Path, what: str) -> int:
+    while True:
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:
+            raise UnsafePathError(
+                f"{path}: cannot create the lock of {what}: {exc.strerror}"
+            ) from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "unknown"
+            os.close(fd)
+            raise UnsafePathError(
+                f"{what} is in use by another process ({holder}, lock {path}): wait for it "
+                "to finish or stop it"
+            ) from None
+        try:
+            same = os.fstat(fd).st_ino == os.stat(path).st_ino
+        except FileNotFoundError:
+            same = False
+        if same:
+            break
+        os.close(fd)  # the holder removed the file between our open and flock: again
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}\n".encode(), 0)
+    return fd
+
+
+def is_disk_full(exc: BaseException) -> bool:
+    """An error that means the filesystem is full (or over quota), however it surfaced."""
+    if isinstance(exc, OSError) and exc.errno in DISK_FULL:
+        return True
+    return any(os.strerror(code) in str(exc) for code in DISK_FULL)
+
+
+def describe_os_error(exc: OSError) -> str:
+    """One line for an OSError: the path and the reason, without a traceback."""
+    where = exc.filename if exc.filename is not None else "?"
+    return f"{where}: {exc.strerror or exc}"

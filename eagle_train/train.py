@@ -13,6 +13,8 @@ import logging
 import math
 import shutil
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -39,6 +41,7 @@ from eagle_train.data.vocab import TokenCounter, VocabMapping, build_vocab_mappi
 from eagle_train.drafts.base import DraftSpec, loss_parts
 from eagle_train.drafts.registry import check_servable, get_draft
 from eagle_train.features import feature_sources, load_target
+from eagle_train.fsutil import UnsafePathError, check_output_path, hold_lock
 from eagle_train.metrics import MetricLog, WeightedMean, format_metrics
 from eagle_train.optim import (
     PrecisionGuard,
@@ -61,6 +64,7 @@ from eagle_train.parallel import (
     shutdown,
     wrap_model,
 )
+from eagle_train.preemption import Preemption, resume_command
 from eagle_train.run_config import RunConfig
 from eagle_train.target import FrozenTarget, load_target_description
 from eagle_train.target.source import FeatureSource
@@ -79,6 +83,7 @@ class TrainResult:
     last_checkpoint: Path
     final_metrics: dict[str, float]
     skipped_steps: int = 0
+    preempted_by: str | None = None  # the signal that stopped the run early
 
 
 @dataclass
@@ -126,10 +131,53 @@ def forward_loss(c: Components, model: nn.Module, batch: Batch, cfg: RunConfig):
 
 
 def train(cfg: RunConfig) -> TrainResult:
+    out = check_output_path(cfg.train.output_dir, "train.output_dir")
+    cfg = _with_resolved_paths(cfg, out)
     # Refused before anything is loaded or written when vLLM could not serve the result.
     check_servable(get_draft(cfg.draft.algorithm), load_target_description(cfg.target.path))
     env = init_distributed(cfg.train.device, cfg.train.dist_timeout_s)
-    out = Path(cfg.train.output_dir)
+    # Rank 0 holds the run directory for the whole run: a second run on it is refused, and
+    # nothing below (stale temporaries, metrics, checkpoints) is touched by two runs.
+    with _run_lock(out, env), Preemption(announce=env.is_main) as preemption:
+        return _train(cfg, env, out, preemption)
+
+
+@contextmanager
+def _run_lock(out: Path, env: DistEnv) -> Iterator[None]:
+    if not env.is_main:
+        yield
+        return
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UnsafePathError(f"train.output_dir {out}: cannot create it: {exc.strerror}") from None
+    with hold_lock(out / ".train-draft.lock", f"run directory {out}"):
+        yield
+
+
+def _with_resolved_paths(cfg: RunConfig, out: Path) -> RunConfig:
+    """Local paths made absolute, so the config a checkpoint stores (and export-draft
+    reads) means the same files from any working directory."""
+
+    def resolved(path: Path | None) -> Path | None:
+        return path.resolve() if path is not None and path.exists() else path
+
+    return cfg.model_copy(
+        update={
+            "target": cfg.target.model_copy(update={"path": resolved(cfg.target.path)}),
+            "data": cfg.data.model_copy(
+                update={
+                    "train": resolved(cfg.data.train),
+                    "val": resolved(cfg.data.val),
+                    "features": resolved(cfg.data.features),
+                }
+            ),
+            "train": cfg.train.model_copy(update={"output_dir": out}),
+        }
+    )
+
+
+def _train(cfg: RunConfig, env: DistEnv, out: Path, preemption: Preemption) -> TrainResult:
     resumed = _resume_point(cfg, out, env)
     if env.is_main:
         out.mkdir(parents=True, exist_ok=True)
@@ -224,9 +272,10 @@ def train(cfg: RunConfig) -> TrainResult:
             if metric_log is not None:
                 metric_log.write("val", step, val_metrics)
             log.info("step %d val: %s", step, format_metrics(val_metrics, CONSOLE_KEYS))
-        if probe.due(step, last):
-            _probe(probe, step, model, c, optimizer, scheduler, cfg, state, env, metric_log)
-        if step % cfg.train.save_every == 0 or last:
+        _probe(probe, step, last, model, c, optimizer, scheduler, cfg, state, env, metric_log)
+        saving = step % cfg.train.save_every == 0 or last
+        stop = any_rank(preemption.requested, env)  # every rank stops at the same step
+        if saving or stop:
             _save(
                 out / "checkpoints",
                 model,
@@ -238,6 +287,8 @@ def train(cfg: RunConfig) -> TrainResult:
                 env,
                 cfg.train.keep_last,
             )
+        if stop:
+            break
     if metric_log is not None:
         metric_log.close()
     barrier(env)  # the last checkpoint exists before any rank returns
@@ -245,14 +296,36 @@ def train(cfg: RunConfig) -> TrainResult:
     del model
     gc.collect()
     shutdown(env)
-    checkpoint = out / "checkpoints" / checkpoint_name(cfg.train.max_steps)
+    checkpoint = out / "checkpoints" / checkpoint_name(state.step)
     log.info("done: last checkpoint %s, %d skipped step(s)", checkpoint, state.skipped_steps)
     return TrainResult(
         output_dir=out,
         last_checkpoint=checkpoint,
         final_metrics=val_metrics,
         skipped_steps=state.skipped_steps,
+        preempted_by=_stopped_early(cfg, state.step, checkpoint, preemption, env),
     )
+
+
+def _stopped_early(
+    cfg: RunConfig, step: int, checkpoint: Path, preemption: Preemption, env: DistEnv
+) -> str | None:
+    """The signal that stopped the run before max_steps (None when it ran to the end); rank
+    0 logs how to continue."""
+    if step >= cfg.train.max_steps:
+        return None
+    name = preemption.name or "a signal to another rank"
+    if env.is_main:
+        log.warning(
+            "stopped by %s after step %d of %d; checkpoint %s holds every finished step. "
+            "Resume with: %s",
+            name,
+            step,
+            cfg.train.max_steps,
+            checkpoint,
+            resume_command(),
+        )
+    return name
 
 
 def _accumulate(model: nn.Module, c: Components, loader: BatchLoader, cfg: RunConfig):
@@ -348,6 +421,7 @@ def _save(
 def _probe(
     probe: AcceptanceProbe,
     step: int,
+    last: bool,
     model: nn.Module,
     c: Components,
     optimizer,
@@ -357,7 +431,9 @@ def _probe(
     env: DistEnv,
     metric_log,
 ) -> None:
-    """Rank 0 serves the current draft in vLLM; the best one is kept under ``best/``."""
+    """When due, rank 0 serves the current draft in vLLM; the best is kept under ``best/``."""
+    if not probe.due(step, last):
+        return
     improved = False
     draft_state = full_model_state(model)
     if env.is_main:

@@ -27,4 +27,4 @@ RUN=runs/eagle3-$FAMILY-demo
 export-draft "$(ls -d $RUN/checkpoints/step-* | tail -1)" $RUN/drafter --overwrite
 eval-acceptance --target runs/demo_world/targets/$FAMILY/bf16 --draft $RUN/drafter \
     --set prompts=runs/demo_world/data/val.jsonl --set turns=1 --set num_prompts=40 \
-    --set max_new_tokens=128 --out $RUN/eval
+    --set max_new_tokens=128 --out $RUN/eval --overwrite

@@ -5,7 +5,9 @@ test-only hooks set through the environment:
   watch every rank;
 - ``EAGLE_TEST_FAIL_AT=R:N``: rank R raises at the end of optimizer step N, after writing
   the time into ``fault.time`` in the pid directory;
-- ``EAGLE_TEST_NAN_AT=R:N``: rank R's loss is NaN in its N-th micro-batch (1-based).
+- ``EAGLE_TEST_NAN_AT=R:N``: rank R's loss is NaN in its N-th micro-batch (1-based);
+- ``EAGLE_TEST_STEP_SLEEP=S``: every rank sleeps S seconds after each optimizer step (a
+  slower run that a test can signal mid-way; the numbers are unchanged).
 """
 
 from __future__ import annotations
@@ -35,6 +37,16 @@ if "EAGLE_TEST_FAIL_AT" in os.environ:
             raise RuntimeError(f"injected fault on rank {RANK} at step {step}")
 
     PrecisionGuard.after_step = failing  # type: ignore[method-assign]
+
+if "EAGLE_TEST_STEP_SLEEP" in os.environ:
+    pause = float(os.environ["EAGLE_TEST_STEP_SLEEP"])
+    stepped = PrecisionGuard.after_step
+
+    def slow(self, optimizer, step):  # type: ignore[no-untyped-def]
+        stepped(self, optimizer, step)
+        time.sleep(pause)
+
+    PrecisionGuard.after_step = slow  # type: ignore[method-assign]
 
 if "EAGLE_TEST_NAN_AT" in os.environ:
     nan_rank, nan_call = map(int, os.environ["EAGLE_TEST_NAN_AT"].split(":"))

@@ -136,3 +136,23 @@ def test_draft_union_errors_name_the_key_without_the_algorithm_tag(tmp_path: Pat
         load_config(RunConfig, path, ["draft.bogus=1"])
     assert f"{path}:{line}: key 'draft.keep_ratio'" in str(err.value)
     assert "--set 'draft.bogus=1': unknown key 'draft.bogus'" in str(err.value)
+
+
+def test_an_unknown_section_made_by_a_set_is_blamed_on_the_set(tmp_path: Path) -> None:
+    """issue 18: ``--set foo.bar=1`` was reported at the config file, which has no ``foo``."""
+    path = write(tmp_path, "name: a\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(Outer, path, ["foo.bar=1"])
+    assert "--set 'foo.bar=1': unknown key 'foo'" in str(err.value)
+    assert str(path) not in str(err.value)
+
+
+def test_a_duplicate_key_is_refused_naming_file_and_line(tmp_path: Path) -> None:
+    """issue 18: PyYAML keeps the last of two equal keys, so a second ``optim:`` section
+    silently dropped the first one's settings."""
+    path = write(tmp_path, "optim:\n  lr: 0.1\nname: a\noptim:\n  steps: 3\n")
+    with pytest.raises(ConfigError, match=rf"^{path}:4: duplicate key 'optim' \(first at line 1\)"):
+        load_config(Outer, path)
+    nested = write(tmp_path, "optim:\n  lr: 0.1\n  lr: 0.2\n")
+    with pytest.raises(ConfigError, match=r":3: duplicate key 'lr'"):
+        load_config(Outer, nested)

@@ -210,9 +210,16 @@ def test_existing_output_needs_overwrite(tmp_path, tokenizer_dir):
     (cfg.output_dir / "old.txt").write_text("old")
     with pytest.raises(DataError, match="already exists; set overwrite=true"):
         prepare_data(cfg)
+    # issue 18: overwrite replaces an earlier prepared dataset, never a user's directory.
     cfg.overwrite = True
+    with pytest.raises(DataError, match="is not empty and not a prepared dataset: refusing"):
+        prepare_data(cfg)
+    assert (cfg.output_dir / "old.txt").read_text() == "old"
+    (cfg.output_dir / "old.txt").unlink()  # an empty directory is taken
     prepare_data(cfg)
-    assert not (cfg.output_dir / "old.txt").exists()
+    (cfg.output_dir / "stale.arrow").write_text("from the earlier run")
+    prepare_data(cfg)  # an earlier prepared dataset is replaced
+    assert not (cfg.output_dir / "stale.arrow").exists()
     assert len(load_prepared(cfg.output_dir)) == 3 and leftovers(tmp_path) == []
 
 
@@ -307,3 +314,59 @@ def test_per_turn_rows_with_template_kwargs(tmp_path, tokenizer_dir, tokenizer):
         "A star.<|im_end|>",
     ]
     assert read_meta(cfg.output_dir)["counts"]["rows"] == 4
+
+
+def test_an_output_that_holds_its_inputs_is_refused(tmp_path, tokenizer_dir):
+    """issue 18: with the shipped ``overwrite: true`` and an output_dir that held its own
+    inputs, prepare-data deleted the inputs (and everything else there)."""
+    home = tmp_path / "project"
+    home.mkdir()
+    cfg = make_cfg(home, tokenizer_dir, overwrite=True)
+    cfg.output_dir = home  # the directory the input lives in
+    before = {p.name: p.read_bytes() for p in home.iterdir()}
+    with pytest.raises(DataError, match=r"output_dir .*project contains the input .*in.jsonl"):
+        prepare_data(cfg)
+    assert {p.name: p.read_bytes() for p in home.iterdir()} == before
+    cfg.output_dir = tokenizer_dir / "prepared"  # inside the tokenizer: refused too
+    with pytest.raises(DataError, match="is inside the tokenizer"):
+        prepare_data(cfg)
+    assert not cfg.output_dir.exists()
+
+
+def test_regeneration_never_truncates_an_input(tmp_path, tokenizer_dir):
+    """issue 18: ``regenerate.output_path`` equal to an input with ``resume=false``
+    truncated the input to 0 bytes before anything was generated."""
+    cfg = make_cfg(tmp_path, tokenizer_dir)
+    source = cfg.inputs[0]
+    content = source.read_bytes()
+    cfg.regenerate.enabled = True
+    cfg.regenerate.resume = False
+    cfg.regenerate.output_path = source
+    with pytest.raises(DataError, match=r"regenerate.output_path .*in.jsonl is the input"):
+        prepare_data(cfg)
+    assert source.read_bytes() == content
+    # Not an input, but not an earlier regeneration either: kept as well.
+    other = tmp_path / "notes.jsonl"
+    other.write_text("my notes\n")
+    cfg.regenerate.output_path = other
+    with pytest.raises(DataError, match="was not written by a regeneration"):
+        prepare_data(cfg)
+    assert other.read_text() == "my notes\n"
+
+
+def test_temporaries_of_a_killed_run_are_removed_but_not_a_live_one(tmp_path, tokenizer_dir):
+    """issue 18: the hidden temporary directory a killed prepare-data left beside its output
+    stayed forever; the next run removes it, unless a live run holds the output."""
+    from eagle_train.fsutil import hold_lock
+
+    cfg = make_cfg(tmp_path, tokenizer_dir)
+    stale = tmp_path / ".out.tmp-0badf00d"
+    (stale / ".scratch").mkdir(parents=True)
+    (stale / ".scratch" / "examples.arrow").write_bytes(b"half")
+    with hold_lock(tmp_path / ".out.lock", "a live run"):
+        with pytest.raises(DataError, match="in use by another process"):
+            prepare_data(cfg)
+        assert stale.is_dir()
+    prepare_data(cfg)
+    assert not stale.exists() and leftovers(tmp_path) == []
+    assert len(load_prepared(cfg.output_dir)) == 3

@@ -13,6 +13,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from eagle_train.config import load_config
 from eagle_train.demo.build import DemoConfig, build_demo_world, target_dir
 from eagle_train.demo.tokenizer import BOS, EOS, MASK, PAD, ROLE_TOKENS
+from eagle_train.fsutil import UnsafePathError
 
 
 def read_jsonl(path: Path) -> list[dict]:
@@ -89,7 +90,7 @@ def test_build_is_deterministic_and_atomic(
     build_demo_world(cfg, again)
     ours = {k: v for k, v in file_digest(tiny_world).items() if "qwen3" not in k}
     assert file_digest(again) == ours
-    with pytest.raises(FileExistsError, match="--overwrite"):
+    with pytest.raises(UnsafePathError, match="--overwrite"):
         build_demo_world(cfg, again)
     assert [p.name for p in tmp_path.iterdir()] == ["again"]  # no temporary left behind
 

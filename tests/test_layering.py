@@ -18,12 +18,15 @@ ALLOWED: dict[str, set[str]] = {
     "metrics": set(),
     "parallel": set(),
     "engine": set(),  # vLLM engine and its counters: below data and evaluate
-    "target": {"fsutil"},  # fetch.py writes the converted real target atomically
+    "preemption": set(),  # SIGTERM/SIGUSR1 -> checkpoint and exit 0
+    # fetch.py writes the converted real target atomically; a bad model path is a
+    # ConfigError naming the key
+    "target": {"config", "fsutil"},
     "optim": {"config"},
     "demo": {"config", "fsutil"},
     "data": {"config", "fsutil", "engine"},
     "drafts": {"config", "data", "target"},
-    "evaluate": {"config", "drafts", "engine", "target"},  # needs no training code
+    "evaluate": {"config", "drafts", "engine", "fsutil", "target"},  # needs no training code
     "run_config": {"config", "data", "drafts", "evaluate", "optim", "engine"},
     "checkpoint": {"config", "data", "fsutil", "run_config"},
     "model_card": {"drafts", "fsutil"},  # an export's README.md
@@ -32,12 +35,13 @@ ALLOWED: dict[str, set[str]] = {
     "features": {"data", "drafts", "parallel", "run_config", "target"},
     "acceptance_probe": {"evaluate", "export", "run_config"},  # vLLM AL during training
     "train": {
-        *("acceptance_probe", "checkpoint", "config", "data", "drafts", "features", "metrics"),
-        *("optim", "parallel", "run_config", "target"),
+        *("acceptance_probe", "checkpoint", "config", "data", "drafts", "features", "fsutil"),
+        *("metrics", "optim", "parallel", "preemption", "run_config", "target"),
     },
     "cli": {
         *("checkpoint", "config", "data", "demo", "drafts", "engine", "evaluate"),
-        *("export", "features", "model_card", "run_config", "target", "train"),
+        *("export", "features", "fsutil", "model_card", "preemption", "run_config"),
+        *("target", "train"),
     },
 }
 

@@ -15,7 +15,8 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from eagle_train.data.store import load_prepared, read_meta
+from eagle_train.data.errors import DataError
+from eagle_train.data.store import PreparedDataError, load_prepared, read_meta
 from eagle_train.data.vocab import VOCAB_FILE, VocabMapping, load_vocab_mapping
 
 
@@ -42,9 +43,12 @@ class PreparedData:
         self.rows = load_prepared(self.path)
         self.meta = read_meta(self.path)
         vocab_file = self.path / VOCAB_FILE
-        self.vocab: VocabMapping | None = (
-            load_vocab_mapping(vocab_file) if vocab_file.is_file() else None
-        )
+        try:
+            self.vocab: VocabMapping | None = (
+                load_vocab_mapping(vocab_file) if vocab_file.is_file() else None
+            )
+        except Exception as exc:  # safetensors' error for a cut or corrupt file
+            raise PreparedDataError(f"{vocab_file}: unreadable ({exc})") from None
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -75,9 +79,10 @@ class BatchLoader:
         per_step = world_size * grad_accum
         steps = len(data) // batch_size // per_step
         if steps < 1:
-            raise ValueError(
+            raise DataError(
                 f"{data.path}: {len(data)} rows cannot fill one step of {per_step} micro-batch(es) "
-                f"of {batch_size} ({world_size} rank(s) x grad_accum {grad_accum})"
+                f"of {batch_size} ({world_size} rank(s) x grad_accum {grad_accum})",
+                reason="config",
             )
         self.data, self.batch_size, self.seed = data, batch_size, seed
         self.pad_id, self.max_length = pad_id, max_length

@@ -34,7 +34,9 @@ from eagle_train.data.regenerate import (
 from eagle_train.data.store import (
     ExampleWriter,
     atomic_output_dir,
-    check_output_dir,
+    check_outputs,
+    regenerated_path,
+    synthesized_path,
     write_meta,
 )
 from eagle_train.data.synthesize import SynthesisReport, synthesize_prompts
@@ -93,7 +95,7 @@ class PrepareReport:
 
 def prepare_data(cfg: PrepareDataConfig) -> PrepareReport:
     # Fail on config mistakes before any expensive work (loading a model, generating).
-    check_output_dir(cfg.output_dir, cfg.overwrite)
+    check_outputs(cfg)
     missing = [str(p) for p in cfg.inputs if not p.exists()]
     if missing:
         raise DataError(f"inputs not found: {', '.join(missing)}", reason="config")
@@ -238,7 +240,7 @@ def run_regeneration(
     ``backend``: an open one to use (and leave open); None opens and closes one here."""
     rc = cfg.regenerate
     model = rc.model or cfg.tokenizer
-    path = rc.output_path or cfg.output_dir.with_name(cfg.output_dir.name + ".regenerated.jsonl")
+    path = regenerated_path(cfg)
     plan = regeneration_plan(cfg, renderer)
     # Everything that changes the generated text; a resumed run must match it.
     settings = {
@@ -269,10 +271,8 @@ def run_regeneration(
 def run_synthesis(
     cfg: PrepareDataConfig, renderer: ChatRenderer, backend: GenerationBackend
 ) -> SynthesisReport:
-    path = cfg.synthesize.output_path or cfg.output_dir.with_name(
-        cfg.output_dir.name + ".prompts.jsonl"
-    )
     plan = regeneration_plan(cfg, renderer)
+    path = synthesized_path(cfg)
     return synthesize_prompts(renderer, backend, cfg.synthesize, plan.stop_token_ids, path)
 
 

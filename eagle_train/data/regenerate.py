@@ -115,6 +115,14 @@ def open_output(path: Path, settings: dict[str, Any], resume: bool) -> tuple[Tex
             )
         done = _read_done_ids(path)
     else:
+        if path.exists() and not (path.is_file() and meta_path.is_file()):
+            # Only a file an earlier regeneration wrote (with its settings beside it) is
+            # started again from empty: anything else is the user's.
+            raise DataError(
+                f"regenerate.output_path {path} exists and was not written by a regeneration "
+                f"(no {meta_path.name} beside it): refusing to overwrite it; choose another path",
+                reason="config",
+            )
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text("")
         meta_path.write_text(json.dumps(settings, indent=1, sort_keys=True))

@@ -21,8 +21,17 @@ from typing import Any
 import datasets
 from datasets.arrow_writer import ArrowWriter
 
+from eagle_train.data.config import PrepareDataConfig
 from eagle_train.data.errors import DataError
-from eagle_train.fsutil import atomic_directory
+from eagle_train.fsutil import (
+    UnsafePathError,
+    atomic_directory,
+    check_no_overlap,
+    check_output_path,
+    check_replaceable,
+    hold_lock,
+    remove_stale_temporaries,
+)
 
 FORMAT = "eagle-train-prepared"
 FORMAT_VERSION = 1
@@ -44,18 +53,80 @@ class PreparedDataError(DataError):
         super().__init__(message, reason="prepared_data")
 
 
+def regenerated_path(cfg: PrepareDataConfig) -> Path:
+    """Where regenerated conversations go: configured, else beside ``output_dir``."""
+    out = cfg.output_dir
+    return cfg.regenerate.output_path or out.with_name(out.name + ".regenerated.jsonl")
+
+
+def synthesized_path(cfg: PrepareDataConfig) -> Path:
+    """Where synthesized prompts go: configured, else beside ``output_dir``."""
+    out = cfg.output_dir
+    return cfg.synthesize.output_path or out.with_name(out.name + ".prompts.jsonl")
+
+
+def check_outputs(cfg: PrepareDataConfig) -> None:
+    """Before any work: the outputs are named, apart from every input (an output that
+    holds, is or lies inside an input would destroy it), and replaceable; temporaries a
+    killed run left beside ``output_dir`` are removed."""
+    files = [*(("input", p) for p in cfg.inputs), ("chat_template", cfg.chat_template)]
+    models = [("tokenizer", cfg.tokenizer), ("regenerate.model", cfg.regenerate.model)]
+    try:
+        out = check_output_path(cfg.output_dir, "output_dir")
+        check_no_overlap(out, "output_dir", files + models)
+        if cfg.regenerate.enabled:
+            jsonl = regenerated_path(cfg)
+            check_no_overlap(jsonl, "regenerate.output_path", [*files, ("output_dir", out)])
+        if cfg.synthesize.enabled:
+            prompts = synthesized_path(cfg)
+            check_no_overlap(prompts, "synthesize.output_path", [*files, ("output_dir", out)])
+    except UnsafePathError as exc:
+        raise DataError(str(exc), reason="config") from None
+    with output_lock(cfg.output_dir):
+        check_output_dir(cfg.output_dir, cfg.overwrite)
+
+
 def check_output_dir(path: Path, overwrite: bool) -> None:
-    if path.exists() and not overwrite:
-        raise DataError(f"{path} already exists; set overwrite=true to replace it", reason="config")
+    """An existing ``path`` is replaced only with ``overwrite``, and only when it is an
+    earlier prepared dataset or empty: never a directory of the user's own."""
+    try:
+        check_replaceable(
+            path, "output_dir", overwrite, is_prepared, "a prepared dataset", "set overwrite=true"
+        )
+    except UnsafePathError as exc:
+        raise DataError(str(exc), reason="config") from None
+
+
+def is_prepared(path: Path) -> bool:
+    """True for a directory ``prepare-data`` wrote (its ``meta.json`` names the format)."""
+    try:
+        read_meta(path)
+    except PreparedDataError:
+        return False
+    return True
+
+
+@contextmanager
+def output_lock(final: Path) -> Iterator[None]:
+    """Hold ``final`` against another prepare-data run; the temporaries a killed run left
+    beside it are removed (no live writer can own them while the lock is held)."""
+    final.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        with hold_lock(final.parent / f".{final.name}.lock", f"output_dir {final}"):
+            remove_stale_temporaries(final)
+            yield
+    except UnsafePathError as exc:
+        raise DataError(str(exc), reason="config") from None
 
 
 @contextmanager
 def atomic_output_dir(final: Path, overwrite: bool) -> Iterator[Path]:
     """Yield a temporary directory that becomes ``final`` only if the block completes."""
-    check_output_dir(final, overwrite)
-    with atomic_directory(final) as tmp:
-        yield tmp
-        shutil.rmtree(tmp / _SCRATCH, ignore_errors=True)
+    with output_lock(final):
+        check_output_dir(final, overwrite)
+        with atomic_directory(final) as tmp:
+            yield tmp
+            shutil.rmtree(tmp / _SCRATCH, ignore_errors=True)
 
 
 class ExampleWriter:
@@ -81,7 +152,13 @@ class ExampleWriter:
 
 
 def write_meta(out_dir: Path, meta: dict[str, Any]) -> None:
-    meta = {"format": FORMAT, "format_version": FORMAT_VERSION, **meta}
+    """``meta.json``, with the size of every other file: a truncated one is named on load."""
+    files = {
+        str(p.relative_to(out_dir)): p.stat().st_size
+        for p in sorted(out_dir.rglob("*"))
+        if p.is_file() and _SCRATCH not in p.relative_to(out_dir).parts
+    }
+    meta = {"format": FORMAT, "format_version": FORMAT_VERSION, **meta, "files": files}
     (out_dir / META_FILE).write_text(json.dumps(meta, indent=2, sort_keys=False) + "\n")
 
 
@@ -110,7 +187,17 @@ def read_meta(path: str | Path) -> dict[str, Any]:
 def load_prepared(path: str | Path) -> datasets.Dataset:
     """Load a prepared dataset after checking its metadata, columns, size and vocab file."""
     meta = read_meta(path)
-    dataset = datasets.load_from_disk(str(path))
+    for name, size in meta.get("files", {}).items():
+        file = Path(path) / name
+        found = file.stat().st_size if file.is_file() else None
+        if found != size:
+            why = "missing" if found is None else f"{found} bytes, meta.json records {size}"
+            raise PreparedDataError(f"{file}: {why} (truncated or damaged; prepare it again)")
+    try:
+        dataset = datasets.load_from_disk(str(path))
+    except Exception as exc:  # pyarrow and datasets raise many types for a damaged file
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise PreparedDataError(f"{path}: unreadable dataset files ({first})") from None
     if not isinstance(dataset, datasets.Dataset):
         raise PreparedDataError(f"{path}: expected a single Dataset, got {type(dataset).__name__}")
     for name, feature in FEATURES.items():

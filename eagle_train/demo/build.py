@@ -35,7 +35,7 @@ from eagle_train.demo.targets import (
     save_target,
 )
 from eagle_train.demo.tokenizer import train_tokenizer
-from eagle_train.fsutil import atomic_directory
+from eagle_train.fsutil import atomic_directory, check_output_path, check_replaceable
 
 log = logging.getLogger(__name__)
 
@@ -60,9 +60,8 @@ def target_dir(world: str | Path, family: Family, dtype: str = "bf16") -> Path:
 
 def build_demo_world(cfg: DemoConfig, out_dir: str | Path, overwrite: bool = False) -> dict:
     """Build the world into ``out_dir`` (via a temporary sibling, renamed at the end)."""
-    out = Path(out_dir)
-    if out.exists() and not overwrite:
-        raise FileExistsError(f"{out} already exists; pass --overwrite to rebuild it")
+    out = check_output_path(out_dir, "OUT")
+    check_replaceable(out, "OUT", overwrite, lambda p: (p / "world.json").is_file(), "a demo world")
     with atomic_directory(out) as tmp:
         return _build_into(cfg, tmp)
 

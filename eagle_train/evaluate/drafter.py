@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 
 from eagle_train.drafts.base import DraftSpec
 from eagle_train.drafts.contract import PROVENANCE_FILE, contract_problems, native_config
@@ -116,8 +116,11 @@ _DTYPES = {
 def _tensor_shapes(path: Path) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
     """Names, shapes and dtypes from the safetensors header (no tensor data is read)."""
     out = {}
-    with safe_open(str(path), framework="pt") as f:
-        for name in f.keys():  # noqa: SIM118 (safe_open is not a mapping)
-            sl = f.get_slice(name)
-            out[name] = (tuple(sl.get_shape()), _DTYPES.get(sl.get_dtype(), torch.float32))
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            for name in f.keys():  # noqa: SIM118 (safe_open is not a mapping)
+                sl = f.get_slice(name)
+                out[name] = (tuple(sl.get_shape()), _DTYPES.get(sl.get_dtype(), torch.float32))
+    except (SafetensorError, OSError) as exc:  # e.g. a file cut short by an interrupted copy
+        raise DrafterError(f"{path}: not a readable safetensors file ({exc})") from None
     return out

@@ -21,6 +21,7 @@ from eagle_train.evaluate.drafter import DrafterInfo, inspect_drafter
 from eagle_train.evaluate.prompts import EvalPrompt, load_prompts
 from eagle_train.evaluate.settings import EvalSettings
 from eagle_train.target import load_target_description
+from eagle_train.target.location import from_pretrained
 
 log = logging.getLogger(__name__)
 
@@ -42,12 +43,12 @@ class EvalRun:
 def run_eval(settings: EvalSettings) -> EvalRun:
     if settings.turns == 2 and not settings.baseline:
         raise ValueError("turn 2 is asked with the target's own first answer: keep the baseline")
-    target_config = load_target_description(settings.target)
+    target_config = load_target_description(settings.target, "--target")
     infos = [
         inspect_drafter(d, target_config, settings.num_speculative_tokens)
         for d in settings.drafters
     ]
-    tokenizer = AutoTokenizer.from_pretrained(settings.target)
+    tokenizer = from_pretrained(AutoTokenizer, settings.target, "--target")
     prompts = load_prompts(settings.prompts, settings.num_prompts)
     run = EvalRun(settings=settings, drafters=infos)
     kw = settings.chat_template_kwargs

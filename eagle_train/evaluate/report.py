@@ -9,6 +9,12 @@ from typing import Any
 
 from eagle_train.evaluate.harness import EvalRun
 from eagle_train.evaluate.stats import paired_difference
+from eagle_train.fsutil import (
+    atomic_directory,
+    check_no_overlap,
+    check_output_path,
+    check_replaceable,
+)
 
 
 def summarize(run: EvalRun) -> dict[str, Any]:
@@ -137,15 +143,41 @@ def to_markdown(summary: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_report(run: EvalRun, out_dir: Path) -> dict[str, Any]:
-    out_dir.mkdir(parents=True, exist_ok=True)
-    with open(out_dir / "per_prompt.jsonl", "w") as f:
-        for r in run.records:
-            f.write(json.dumps(r) + "\n")
+def check_report_dir(
+    out_dir: Path, overwrite: bool, inputs: list[tuple[str, Path]] | None = None
+) -> Path:
+    """Before any engine starts: ``out_dir`` resolved, refused when it overlaps an input or
+    holds anything but an earlier evaluation (which it replaces only with ``overwrite``)."""
+    out = check_output_path(out_dir, "--out")
+    check_no_overlap(out, "--out", inputs or [])
+    check_replaceable(out, "--out", overwrite, is_report_dir, "an evaluation")
+    return out
+
+
+def is_report_dir(path: Path) -> bool:
+    """True for a directory ``write_report`` wrote (its summary and per-prompt records)."""
+    try:
+        summary = json.loads((Path(path) / "summary.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return (
+        isinstance(summary, dict)
+        and {"drafters", "baseline_tokens_per_s"} <= summary.keys()
+        and (Path(path) / "per_prompt.jsonl").is_file()
+    )
+
+
+def write_report(run: EvalRun, out_dir: Path, overwrite: bool = False) -> dict[str, Any]:
+    """Records, summary (JSON, Markdown) and plot, written together or not at all."""
+    check_replaceable(out_dir, "--out", overwrite, is_report_dir, "an evaluation")
     summary = summarize(run)
-    (out_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    (out_dir / "summary.md").write_text(to_markdown(summary))
-    plot(summary, out_dir / "acceptance.png")
+    with atomic_directory(out_dir) as tmp:
+        with open(tmp / "per_prompt.jsonl", "w") as f:
+            for r in run.records:
+                f.write(json.dumps(r) + "\n")
+        (tmp / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        (tmp / "summary.md").write_text(to_markdown(summary))
+        plot(summary, tmp / "acceptance.png")
     return summary
 
 

@@ -16,6 +16,8 @@ from typing import Any, Literal
 
 from transformers import AutoConfig, PretrainedConfig
 
+from eagle_train.target.location import from_pretrained
+
 # What vLLM's target model hands a drafter (its speculative-decoding interfaces):
 #   last_hidden_state: the final hidden states (vLLM's SupportsEagle interface);
 #   aux_hidden_states: hidden states captured after chosen layers (the interface that
@@ -166,9 +168,10 @@ def describe_target(config: PretrainedConfig, name_or_path: str | None = None) -
     )
 
 
-def load_target_description(path: str | Path) -> TargetDescription:
-    """The description of the target at ``path`` (a local directory or a hub id)."""
-    return describe_target(AutoConfig.from_pretrained(path), str(path))
+def load_target_description(path: str | Path, key: str = "target.path") -> TargetDescription:
+    """The description of the target at ``path`` (a local directory or a hub id); a path that
+    is no model is one ``ConfigError`` line naming ``key``."""
+    return describe_target(from_pretrained(AutoConfig, path, key), str(path))
 
 
 def _rope(text: PretrainedConfig) -> Rope:

@@ -22,6 +22,7 @@ from transformers import (
 )
 
 from eagle_train.target.description import TargetDescription, describe_target
+from eagle_train.target.location import from_pretrained
 
 
 @dataclass
@@ -38,16 +39,20 @@ class FrozenTarget(nn.Module):
 
     @classmethod
     def from_pretrained(
-        cls, path: str | Path, dtype: torch.dtype = torch.bfloat16, device: str = "cpu"
+        cls,
+        path: str | Path,
+        dtype: torch.dtype = torch.bfloat16,
+        device: str = "cpu",
+        key: str = "target.path",
     ) -> FrozenTarget:
         # Load straight onto the device: a large target should not pass through host memory.
         # A multimodal checkpoint (text model nested under text_config) loads whole; the
         # draft reads only its text decoder.
-        config = AutoConfig.from_pretrained(path)
+        config = from_pretrained(AutoConfig, path, key)
         auto: Any = AutoModelForCausalLM
         if type(config) not in AutoModelForCausalLM._model_mapping:
             auto = AutoModelForImageTextToText
-        model = auto.from_pretrained(path, dtype=dtype, device_map=device)
+        model = from_pretrained(auto, path, key, dtype=dtype, device_map=device)
         return cls(model)
 
     @property
