@@ -17,8 +17,9 @@ of the code, the checkout an arm trains with (``--arm-code NAME=DIR``, its PYTHO
         --arm-code before=/tmp/before --out runs/ab/dflash-anchors ...
 
 Each arm trains into OUT/NAME/run with ``--resume auto`` (a rerun continues, a finished run
-is not retrained), is exported to OUT/NAME/drafter, and both are evaluated into OUT/eval.
-The tables go to OUT/paired.md and OUT/paired.json. Everything runs through the CLIs.
+is not retrained), is exported to OUT/NAME/drafter, and both are evaluated into OUT/eval-A-vs-B. The tables go
+to OUT/paired-A-vs-B.md and .json. An arm name used again in another comparison under the same
+OUT reuses its run. Everything runs through the CLIs.
 """
 
 from __future__ import annotations
@@ -144,7 +145,9 @@ def run_experiment(args: argparse.Namespace, arms: list, code: dict[str, Path]) 
     for s in args.set:
         if s.startswith("target.path="):
             target = args.target or s.split("=", 1)[1]
-    eval_dir = args.out / "eval"
+    (name_a, _), (name_b, _) = arms
+    pair = f"{name_a}-vs-{name_b}"
+    eval_dir = args.out / f"eval-{pair}"
     extra = ["--limit", str(args.limit)] if args.limit else []
     if args.kv_cache_memory_bytes:
         extra += ["--kv-cache-memory-bytes", str(args.kv_cache_memory_bytes)]
@@ -155,7 +158,6 @@ def run_experiment(args: argparse.Namespace, arms: list, code: dict[str, Path]) 
         "--max-new-tokens", str(args.max_new_tokens), "--out", str(eval_dir), *extra,
     )  # fmt: skip
     records = [json.loads(x) for x in (eval_dir / "per_prompt.jsonl").read_text().splitlines()]
-    (name_a, _), (name_b, _) = arms
     rows = paired_table(records, str(drafters[0]), str(drafters[1]))
     lines = [table_markdown(rows, name_a, name_b), "", "| arm | RMSNorm gains moved | max abs"
              " change | final train loss | final val loss |", "|---|---|---|---|---|"]  # fmt: skip
@@ -167,9 +169,9 @@ def run_experiment(args: argparse.Namespace, arms: list, code: dict[str, Path]) 
             f"{fin.get('val', {}).get('val_loss', float('nan')):.4f} |"
         )
     text = "\n".join(lines) + "\n"
-    write_atomic(args.out / "paired.md", text)
+    write_atomic(args.out / f"paired-{pair}.md", text)
     summary = {"arms": info, "rows": [r.__dict__ for r in rows], "target": str(target)}
-    write_atomic(args.out / "paired.json", json.dumps(summary, indent=2) + "\n")
+    write_atomic(args.out / f"paired-{pair}.json", json.dumps(summary, indent=2) + "\n")
     print(text)
 
 
