@@ -8,14 +8,13 @@ from __future__ import annotations
 
 import gc
 import logging
-import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal, Protocol
+from typing import Any, Literal, Protocol
 
 import torch
 
-from eagle_train.serving import VllmEngine
+from eagle_train.engine import VllmEngine, vllm_available
 
 logger = logging.getLogger(__name__)
 
@@ -54,27 +53,11 @@ def create_backend(
     name: BackendName, model: Path, tokenizer: Path, settings: GenerationSettings
 ) -> GenerationBackend:
     if name == "auto":
-        name = "vllm" if _vllm_importable() else "transformers"
+        name = "vllm" if vllm_available() else "transformers"
     logger.info("regenerating with the %s backend (%s, dtype %s)", name, model, settings.dtype)
     if name == "vllm":
         return VllmBackend(model, tokenizer, settings)
     return TransformersBackend(model, settings)
-
-
-def _vllm_importable() -> bool:
-    _set_vllm_env()
-    try:
-        import vllm  # noqa: F401
-    except Exception as exc:  # a broken install raises more than ImportError
-        logger.info("vLLM not usable (%s: %s); using transformers", type(exc).__name__, exc)
-        return False
-    return True
-
-
-def _set_vllm_env() -> None:
-    # An in-process engine starts in seconds instead of tens of seconds and needs no spawn;
-    # setdefault keeps whatever the user chose.
-    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
 
 def cut_at_stop(ids: list[int], stop_ids: tuple[int, ...], limit: int) -> list[int]:
@@ -94,7 +77,7 @@ class TransformersBackend:
 
         self.settings = settings
         self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-        self.model = AutoModelForCausalLM.from_pretrained(
+        self.model: Any = AutoModelForCausalLM.from_pretrained(
             str(model), dtype=getattr(torch, settings.dtype)
         )
         self.model.to(self.device).eval()

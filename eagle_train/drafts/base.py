@@ -10,20 +10,9 @@ from torch import Tensor, nn
 from transformers import PretrainedConfig
 
 from eagle_train.config import StrictModel
+from eagle_train.data.loader import Batch
 from eagle_train.data.vocab import VocabMapping
 from eagle_train.target import FrozenTarget, TargetFeatures
-
-
-@dataclass
-class Batch:
-    input_ids: Tensor  # (B, T) right-padded token ids
-    loss_mask: Tensor  # (B, T) 1 on assistant tokens
-    attention_mask: Tensor  # (B, T) 1 on real tokens
-    lengths: Tensor  # (B,) real lengths
-
-    @property
-    def num_tokens(self) -> int:
-        return int(self.lengths.sum())
 
 
 @dataclass
@@ -48,6 +37,9 @@ class DraftSpec(Protocol):
     name: str
     config_cls: type[StrictModel]
     vllm_method: str  # speculative_config.method its exports are served with
+    # Whether the draft has a vocabulary of its own (d2t/t2d); False: it predicts over the
+    # target's whole vocabulary through the target's head.
+    uses_draft_vocab: bool
 
     def recognizes(self, config: dict[str, Any]) -> bool:
         """Whether a drafter config.json (from any exporter) is this algorithm's format."""

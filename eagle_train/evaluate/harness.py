@@ -13,32 +13,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import torch
 from tqdm import tqdm
 from transformers import AutoConfig, AutoTokenizer
 
+from eagle_train.engine import VllmEngine
 from eagle_train.evaluate.drafter import DrafterInfo, inspect_drafter
 from eagle_train.evaluate.prompts import EvalPrompt, load_prompts
-from eagle_train.serving import VllmEngine
+from eagle_train.evaluate.settings import EvalSettings
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class EvalSettings:
-    target: Path
-    drafters: list[Path]
-    prompts: str = "mt_bench"
-    turns: int = 2  # 1: first turn only; 2: both turns
-    max_new_tokens: int = 256
-    num_speculative_tokens: int | None = None  # None: what each export was trained for
-    dtype: str = "bfloat16"
-    limit: int | None = None
-    max_model_len: int | None = None  # None: the target's own limit
-    # vLLM's KV cache; None lets vLLM size it (GPU). On CPU set it (vLLM would take ~7 GiB).
-    kv_cache_memory_bytes: int | None = None
-    ignore_eos: bool = False
-    baseline: bool = True  # also run the target alone (needed for speedup and for turn 2)
 
 
 @dataclass
@@ -56,8 +39,6 @@ class EvalRun:
 
 
 def run_eval(settings: EvalSettings) -> EvalRun:
-    if settings.turns not in (1, 2):
-        raise ValueError(f"turns must be 1 or 2, got {settings.turns}")
     if settings.turns == 2 and not settings.baseline:
         raise ValueError("turn 2 is asked with the target's own first answer: keep the baseline")
     target_config = AutoConfig.from_pretrained(settings.target)
@@ -66,7 +47,7 @@ def run_eval(settings: EvalSettings) -> EvalRun:
         for d in settings.drafters
     ]
     tokenizer = AutoTokenizer.from_pretrained(settings.target)
-    prompts = load_prompts(settings.prompts, settings.limit)
+    prompts = load_prompts(settings.prompts, settings.num_prompts)
     run = EvalRun(settings=settings, drafters=infos)
     first = [Request(p, 1, _render(tokenizer, p, [])) for p in prompts]
     second: list[Request] = []
@@ -76,7 +57,9 @@ def run_eval(settings: EvalSettings) -> EvalRun:
             answers = _serve(engine, first, "target", run.records, settings)
             second = [
                 Request(
-                    p, 2, _render(tokenizer, p, [tokenizer.decode(a, skip_special_tokens=True)])
+                    p,
+                    2,
+                    _render(tokenizer, p, [str(tokenizer.decode(a, skip_special_tokens=True))]),
                 )
                 for p, a in zip(prompts, answers, strict=True)
                 if settings.turns == 2 and len(p.turns) > 1
@@ -90,14 +73,11 @@ def run_eval(settings: EvalSettings) -> EvalRun:
 
 
 def _engine(settings: EvalSettings, drafter: DrafterInfo | None) -> VllmEngine:
-    kv = settings.kv_cache_memory_bytes
-    if kv is None and not torch.cuda.is_available():
-        kv = 512 * 2**20
     return VllmEngine(
         settings.target,
         dtype=settings.dtype,
         max_model_len=settings.max_model_len,
-        kv_cache_memory_bytes=kv,
+        kv_cache_memory_bytes=settings.kv_cache_memory_bytes,
         speculative_config=drafter.speculative_config() if drafter else None,
     )
 

