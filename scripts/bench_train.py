@@ -38,7 +38,7 @@ def run_point(args: argparse.Namespace, seq: int, k: int) -> dict:
     ids = torch.randint(3, vocab, (args.batch, seq), device=device)
     ones = torch.ones_like(ids)
     batch = Batch(ids, ones, ones, torch.full((args.batch,), seq, device=device))
-    layer_ids = spec.target_layer_ids(cfg, target.config)
+    layer_ids = spec.target_layer_ids(cfg, target.description)
 
     def step() -> None:
         features = target.features(ids, ones, layer_ids)
