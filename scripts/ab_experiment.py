@@ -148,14 +148,18 @@ def run_experiment(args: argparse.Namespace, arms: list, code: dict[str, Path]) 
     (name_a, _), (name_b, _) = arms
     pair = f"{name_a}-vs-{name_b}"
     eval_dir = args.out / f"eval-{pair}"
-    extra = ["--limit", str(args.limit)] if args.limit else []
-    if args.kv_cache_memory_bytes:
-        extra += ["--kv-cache-memory-bytes", str(args.kv_cache_memory_bytes)]
+    settings = {
+        "prompts": args.prompts,
+        "turns": args.turns,
+        "max_new_tokens": args.max_new_tokens,
+        "num_prompts": args.limit,
+        "kv_cache_memory_bytes": args.kv_cache_memory_bytes,
+    }
+    sets = [f"{k}={v}" for k, v in settings.items() if v is not None]
     cli(
         REPO, "eval-acceptance", "--target", str(target),
         *[x for d in drafters for x in ("--draft", str(d))],
-        "--prompts", args.prompts, "--turns", str(args.turns),
-        "--max-new-tokens", str(args.max_new_tokens), "--out", str(eval_dir), *extra,
+        "--out", str(eval_dir), *[x for s in sets for x in ("--set", s)],
     )  # fmt: skip
     records = [json.loads(x) for x in (eval_dir / "per_prompt.jsonl").read_text().splitlines()]
     rows = paired_table(records, str(drafters[0]), str(drafters[1]))
