@@ -19,6 +19,7 @@ from eagle_train.drafts.dflash.blocks import (
     loss_gamma,
     sample_anchors,
     select_layer_ids,
+    slot_mask,
     slot_weights,
     valid_anchors,
 )
@@ -185,18 +186,35 @@ def test_propose_is_the_block_anchored_at_the_next_token() -> None:
         SPEC.propose(draft, features, ids, cfg, 4)
 
 
-def test_valid_anchors_need_a_full_supervised_block() -> None:
-    loss_mask = torch.tensor([[0, 0, 1, 1, 1, 1, 0, 1, 1, 1]])
-    # B=3: a needs loss_mask[a+1], loss_mask[a+2] and a+2 < length (9: last is padding)
-    assert valid_anchors(loss_mask, torch.tensor([9]), 3).int().tolist() == [
-        [0, 1, 1, 1, 0, 0, 1, 0, 0, 0]
+def test_anchors_of_a_short_turn_and_of_a_turn_end() -> None:
+    # prompt 0-1, a 2-token turn at 2-3 (shorter than B-1 = 3), user 4-5, a 5-token turn at
+    # 6-10, a trailing unsupervised token 11; length 12, one padding column.
+    loss_mask = torch.tensor([[0, 0, 1, 1, 0, 0, 1, 1, 1, 1, 1, 0, 0]])
+    # B=4: a >= 1, a+3 < 12, loss_mask[a+1] = 1  ->  a in {1, 2, 5, 6, 7, 8}
+    # (a full supervised block would keep only {5, 6, 7}: nothing of the short turn, and
+    # the turn's last token 10 never at slot 1 or 2)
+    ok = valid_anchors(loss_mask, torch.tensor([12]), 4)
+    assert ok[0].nonzero().squeeze(1).tolist() == [1, 2, 5, 6, 7, 8]
+    anchors = torch.tensor([[1, 2, 5, 8, 0]])
+    valid = torch.tensor([[True, True, True, True, False]])
+    # slot k of anchor a is supervised iff loss_mask[a+k]
+    assert slot_mask(loss_mask, anchors, valid, 4).int().tolist() == [
+        [[1, 1, 0], [1, 0, 0], [1, 1, 1], [1, 1, 0], [0, 0, 0]]
+    ]
+
+
+def test_anchor_block_must_fit_in_the_sequence() -> None:
+    loss_mask = torch.tensor([[0, 1, 1, 1, 1, 1, 1, 1]])
+    # length 6: a+3 < 6 -> a <= 2; a >= 1 (a = 0 has no context)
+    assert valid_anchors(loss_mask, torch.tensor([6]), 4).int().tolist() == [
+        [0, 1, 1, 0, 0, 0, 0, 0]
     ]
 
 
 def test_sample_anchors_valid_bounded_resampled_and_seeded() -> None:
     g = torch.Generator().manual_seed(0)
     loss_mask = (torch.rand(3, 60, generator=g) > 0.15).long()
-    lengths = torch.tensor([60, 45, 5])  # the last row has no full block
+    lengths = torch.tensor([60, 45, 4])  # the last row is too short for a block
     ok = valid_anchors(loss_mask, lengths, 4)
     torch.manual_seed(5)
     first = sample_anchors(loss_mask, lengths, 4, 6)
@@ -230,10 +248,11 @@ def test_loss_alignment(loss_target: str) -> None:
     ids = torch.randint(0, 5, (1, 8), generator=g)
     target_logits = torch.randn(1, 8, 5, generator=g)
     logits = torch.randn(1, 2, 2, 5, generator=g)  # 2 blocks of B=3: slots 1, 2
-    anchors, valid = torch.tensor([[2, 0]]), torch.tensor([[True, False]])
+    anchors = torch.tensor([[2, 0]])
+    mask = torch.tensor([[[True, True], [False, False]]])
     weights = torch.tensor([1.0, 0.5])
     stats = dflash_loss(
-        logits, lambda h: h, ids, target_logits, anchors, valid, weights, loss_target
+        logits, lambda h: h, ids, target_logits, anchors, mask, weights, loss_target
     )
     per = []
     for k in (1, 2):  # slot k of the block at 2 predicts x_{2+k}; target logits at 2+k-1
@@ -243,6 +262,10 @@ def test_loss_alignment(loss_target: str) -> None:
         else:
             per.append(-(torch.softmax(target_logits[0, 1 + k], -1) * logq).sum())
     assert stats.loss.item() == pytest.approx(((per[0] + 0.5 * per[1]) / 1.5).item(), rel=1e-6)
+    # slot 2 unsupervised (the turn ended at slot 1): the loss is slot 1's alone
+    mask[0, 0, 1] = False
+    only = dflash_loss(logits, lambda h: h, ids, target_logits, anchors, mask, weights, loss_target)
+    assert only.loss.item() == pytest.approx(per[0].item(), rel=1e-6)
     assert stats.correct[0, 0].tolist() == [
         bool(logits[0, 0, k - 1].argmax() == target_logits[0, 1 + k].argmax()) for k in (1, 2)
     ]
@@ -256,16 +279,19 @@ def test_chunked_head_equals_a_plain_loss(loss_target: str) -> None:
     hidden = torch.randn(2, 4, 3, 5, generator=g, requires_grad=True)
     head = torch.nn.Linear(5, 6)
     anchors = torch.tensor([[1, 3, 5, 8], [2, 6, 0, 0]])
-    valid = torch.tensor([[1, 1, 1, 1], [1, 1, 0, 0]]).bool()
+    # per-slot masks: a turn ending inside a block, padding blocks all zero
+    mask = torch.tensor(
+        [[[1, 1, 1], [1, 0, 0], [1, 1, 0], [1, 1, 1]], [[1, 1, 1], [0, 1, 1], [0] * 3, [0] * 3]]
+    ).bool()
     weights = torch.tensor([1.0, 0.7, 0.4])
     got = dflash_loss(
-        hidden, head, ids, target_logits, anchors, valid, weights, loss_target, chunk_bytes=1
+        hidden, head, ids, target_logits, anchors, mask, weights, loss_target, chunk_bytes=1
     )  # one block per chunk, each recomputed in backward
-    # plain: all logits at once, one term per (real block, slot)
+    # plain: all logits at once, one term per supervised (block, slot)
     logq = torch.log_softmax(head(hidden), -1)
     terms, total_w = [], 0.0
-    for b, m in valid.nonzero().tolist():
-        for k in (1, 2, 3):
+    for b, m, j in mask.nonzero().tolist():
+        for k in (j + 1,):
             a = int(anchors[b, m])
             if loss_target == "hard":
                 loss = -logq[b, m, k - 1, ids[b, a + k]]

@@ -114,6 +114,35 @@ def test_loss_uses_target_distribution_restricted_to_draft_vocab() -> None:
     assert stats.loss.item() == pytest.approx(torch.stack(expected).mean().item(), rel=1e-5)
 
 
+def test_drop_out_of_vocab_leaves_out_slots_the_draft_cannot_propose() -> None:
+    torch.manual_seed(1)
+    vocab, length = 10, 6
+    d2t = torch.tensor([1, 2, 3, 3])  # draft vocab = target ids 1, 3, 5, 6
+    target_logits = torch.randn(1, length, vocab)
+    # target argmax at positions 1..5: 3 (in), 7 (out), 5 (in), 0 (out), 6 (in)
+    for pos, top in zip(range(1, 6), (3, 7, 5, 0, 6), strict=True):
+        target_logits[0, pos, top] = 10.0
+    draft_logits = [torch.randn(1, length, 4), torch.randn(1, length, 4)]
+    mask, lengths = torch.ones(1, length, dtype=torch.long), torch.tensor([length])
+    ids = torch.tensor([1, 3, 5, 6])
+
+    def soft_ce(step: int, t: int) -> torch.Tensor:  # step k at slot t: target at t+1+k
+        p = torch.softmax(target_logits[0, t + 1 + step, ids], -1)
+        return -(p * torch.log_softmax(draft_logits[step][0, t], -1)).sum()
+
+    stats = eagle3_loss(draft_logits, target_logits, mask, lengths, d2t, 0.5, True)
+    # step 0: slots 0..3 read positions 1..4 -> kept 0 and 2; step 1: slots 0..2 read
+    # positions 2..4 -> kept 1 (position 3). Weights 0.5^k normalised: 2/3, 1/3.
+    step0 = (soft_ce(0, 0) + soft_ce(0, 2)) / 2
+    step1 = soft_ce(1, 1)
+    assert stats.loss.item() == pytest.approx((2 / 3 * step0 + 1 / 3 * step1).item(), rel=1e-5)
+    # metrics still count every supervised slot (what serving would see)
+    assert stats.valid[0].int().tolist() == [[1, 1, 1, 1, 0, 0]]
+    kept = eagle3_loss(draft_logits, target_logits, mask, lengths, d2t, 0.5, False)
+    all0 = torch.stack([soft_ce(0, t) for t in range(4)]).mean()
+    assert kept.step_losses[0] == pytest.approx(all0.item(), rel=1e-5)
+
+
 def test_build_copies_target_embedding_frozen_and_head_rows(target: FrozenTarget) -> None:
     from eagle_train.data.vocab import build_vocab_mapping
 

@@ -18,6 +18,7 @@ from eagle_train.drafts.peagle.sampling import (
     sample_elements,
     supervision,
 )
+from eagle_train.drafts.peagle.spec import in_vocab_elements
 from eagle_train.drafts.registry import get_draft, identify_drafter
 from eagle_train.evaluate.drafter import inspect_drafter
 from eagle_train.export import export_state, validate_drafter
@@ -76,26 +77,59 @@ def test_attention_mask_matches_the_rule_pair_by_pair() -> None:
                 assert bool(mask[b, i, j]) == expected, (b, i, j)
 
 
-def test_sampling_is_conditional_drop() -> None:
+def test_supervised_counts_per_depth_are_fractions_of_the_whole_valid_set() -> None:
+    # N = 10 valid anchors (length 12, prompt 0-1): a = 0..9 has x_{a+2} in range.
+    # K=4, r=0.8, r_min=0.2: n_d = int((N - d) * max(r^d, r_min)) = int(9*.8), int(8*.64),
+    # int(7*.512) = 7, 5, 3 (compounding fractions of the previous depth gave 7, 4, 2)
+    loss_mask = torch.tensor([[0, 0] + [1] * 10])
+    lengths = torch.tensor([12])
+    supervised = supervision(loss_mask, lengths, 4)
+    for seed in range(5):
+        torch.manual_seed(seed)
+        grid = sample_elements(lengths, 12, 4, supervised, keep_fractions(4, 0.8, 0.2))
+        assert grid[0, :, 0].nonzero().squeeze(1).tolist() == list(range(11))  # context
+        assert [int((grid & supervised)[0, :, d].sum()) for d in range(4)] == [10, 7, 5, 3]
+        for d in range(1, 4):
+            assert not (grid[0, :, d] & ~grid[0, :, d - 1]).any()  # drawn from depth d-1
+
+
+def test_deep_counts_do_not_compound() -> None:
+    # N = 1000, K = 8, r = 0.8, r_min = 0.2: depth 7 keeps int(993 * 0.8^7) = 208 (21% of
+    # depth 0), not 0.2% as max(r^d, r_min) of the previous depth would give
+    t = 1002
+    loss_mask = torch.ones(1, t, dtype=torch.long)
+    lengths = torch.tensor([t])
+    supervised = supervision(loss_mask, lengths, 8)
     torch.manual_seed(0)
-    t, k, lengths = 400, 4, torch.tensor([400, 300, 250])
-    loss_mask = torch.ones(3, t, dtype=torch.long)
-    supervised = supervision(loss_mask, lengths, k)
-    keep = keep_fractions(k, 0.7, 0.2)
-    assert keep == pytest.approx([1.0, 0.7, 0.49, 0.343])
-    grid = sample_elements(lengths, t, k, supervised, keep)
-    for b, length in enumerate(lengths.tolist()):
-        assert grid[b, :, 0].nonzero().squeeze(1).tolist() == list(range(length - 1))
-        for d in range(1, k):
-            assert not (grid[b, :, d] & ~grid[b, :, d - 1]).any()  # a subset
-            # candidates: the previous depth's anchors with a target in range at depth >= d
-            candidates = int((grid[b, :, d - 1] & supervised[b, :, d:].any(-1)).sum())
-            assert grid[b, :, d].sum().item() / candidates == pytest.approx(keep[d], abs=0.01)
-    with_floor = keep_fractions(6, 0.5, 0.2)
-    assert with_floor[3:] == [0.2, 0.2, 0.2]  # 0.5**3 < r_min
-    # evaluation keeps every candidate
+    grid = sample_elements(lengths, t, 8, supervised, keep_fractions(8, 0.8, 0.2))
+    counts = [int((grid & supervised)[0, :, d].sum()) for d in range(8)]
+    assert counts == [1000, 799, 638, 510, 407, 326, 260, 208]
+    # the floor: r=0.5 reaches r_min at depth 3, int(997*0.2) = 199
+    grid = sample_elements(lengths, t, 5, supervised[..., :5], keep_fractions(5, 0.5, 0.2))
+    assert [int((grid & supervised[..., :5])[0, :, d].sum()) for d in range(5)] == [
+        1000,
+        499,
+        249,
+        199,
+        199,
+    ]
+
+
+def test_in_vocab_elements_read_the_target_argmax_at_a_plus_1_plus_d() -> None:
+    logits = torch.zeros(1, 5, 6)
+    for pos, top in enumerate((0, 1, 4, 3, 2)):  # argmax per position
+        logits[0, pos, top] = 1.0
+    # draft vocab = target ids {1, 3}; element (a, d) reads position min(a+1+d, 4)
+    got = in_vocab_elements(logits, torch.tensor([1, 3]), 2)
+    assert got[0].int().tolist() == [[1, 0], [0, 1], [1, 0], [0, 0], [0, 0]]
+
+
+def test_evaluation_keeps_every_candidate() -> None:
+    t, k, lengths = 40, 4, torch.tensor([40, 30])
+    supervised = supervision(torch.ones(2, t, dtype=torch.long), lengths, k)
     full = sample_elements(lengths, t, k, supervised, None)
-    assert full[0, : 400 - 2 - k + 1].all()
+    assert full[0, : 40 - 2 - k + 1].all()
+    assert (full & supervised).sum().item() == supervised.sum().item()
 
 
 def test_segmented_gradient_equals_one_pass(target: FrozenTarget) -> None:

@@ -59,19 +59,27 @@ def slot_weights(block_size: int, gamma: float) -> Tensor:
 
 def valid_anchors(loss_mask: Tensor, lengths: Tensor, block_size: int) -> Tensor:
     """(Bt, T) bool: ``a`` can anchor a block iff a >= 1 (serving always has context),
-    a+B-1 < length, and every label x_{a+1..a+B-1} is supervised (loss_mask 1)."""
+    a+B-1 < length, and its first drafted token x_{a+1} is supervised (loss_mask 1).
+
+    The rest of the block need not be: each slot is weighted by its own mask
+    (``slot_mask``), so a turn's last B-1 tokens and turns shorter than B train too."""
     batch, length = loss_mask.shape
     span = block_size - 1
-    ok = torch.zeros(batch, length, dtype=torch.bool, device=loss_mask.device)
-    if length <= span:
-        return ok
-    # windows[b, a] = sum of loss_mask[a+1 .. a+span]
-    csum = torch.nn.functional.pad(loss_mask.long().cumsum(1), (1, 0))
-    windows = csum[:, span + 1 :] - csum[:, 1 : length - span + 1]  # a in 0..T-1-span
-    pos = torch.arange(length - span, device=loss_mask.device)
+    pos = torch.arange(length, device=loss_mask.device)
+    first = torch.nn.functional.pad(loss_mask[:, 1:].bool(), (0, 1))  # loss_mask[a+1]
     inside = (pos[None, :] + span) < lengths[:, None]
-    ok[:, : length - span] = (windows == span) & inside & (pos[None, :] >= 1)
-    return ok
+    return first & inside & (pos[None, :] >= 1)
+
+
+def slot_mask(loss_mask: Tensor, anchors: Tensor, valid: Tensor, block_size: int) -> Tensor:
+    """(Bt, N, B-1) bool: slot k of the block at ``anchors[b, n]`` is supervised iff the
+    block is real and x_{a+k} is an assistant token (loss_mask[a+k] = 1)."""
+    length = loss_mask.shape[1]
+    k = torch.arange(1, block_size, device=anchors.device)
+    pos = anchors[..., None] + k  # (Bt, N, B-1)
+    inside = pos < length
+    labels = loss_mask.bool().gather(1, pos.clamp(max=length - 1).flatten(1)).view(pos.shape)
+    return labels & inside & valid[..., None]
 
 
 @dataclass

@@ -24,8 +24,8 @@ class DFlashConfig(StrictModel):
     # Id of the mask token in the TARGET vocabulary (its frozen embedding row fills the
     # block). None -> the target tokenizer's mask_token.
     mask_token_id: int | None = Field(default=None, ge=0)
-    # Anchors (blocks) sampled per sequence and step, among positions with a full
-    # supervised block.
+    # Anchors (blocks) sampled per sequence and step, among positions whose first drafted
+    # token is supervised; each slot is then weighted by its own loss mask.
     num_anchors: int = Field(default=512, ge=1)
     # Slot k (1..B-1) weighs exp(-(k-1)/gamma). None -> 7 for B=16, 5 for B=10, 4 for B=8,
     # linear between those points and extended by the nearest segment elsewhere (>= 1).

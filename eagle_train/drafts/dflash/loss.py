@@ -23,7 +23,7 @@ _CHUNK_BYTES = 256 * 2**20
 class BlockStats:
     loss: Tensor  # scalar, slot-weighted mean over real blocks, differentiable
     correct: Tensor  # (Bt, N, B-1) bool: draft argmax == target argmax at a+k-1
-    valid: Tensor  # (Bt, N) bool: real blocks
+    mask: Tensor  # (Bt, N, B-1) bool: supervised slots of real blocks
 
 
 def _gather_positions(x: Tensor, positions: Tensor) -> Tensor:
@@ -40,15 +40,16 @@ def dflash_loss(
     input_ids: Tensor,
     target_logits: Tensor,
     anchors: Tensor,
-    valid: Tensor,
+    mask: Tensor,
     weights: Tensor,
     loss_target: str,
     chunk_bytes: int = _CHUNK_BYTES,
 ) -> BlockStats:
     """``hidden`` (Bt, N, B-1, H) draft outputs of slots 1..B-1, ``head`` maps them to
-    (.., V) logits; ``weights`` (B-1,) slot weights.
+    (.., V) logits; ``mask`` (Bt, N, B-1) the supervised slots (``blocks.slot_mask``);
+    ``weights`` (B-1,) slot weights.
 
-    Loss = sum(w * l) / sum(w) over the slots of real blocks, l = cross-entropy to x_{a+k}
+    Loss = sum(w * m * l) / sum(w * m), l = cross-entropy to x_{a+k}
     (``hard``) or soft cross-entropy to the target's distribution at a+k-1 (``distill``).
 
     The (Bt, N, B-1, V) logits are the largest tensor of a step (512 blocks of 16 over a
@@ -60,7 +61,7 @@ def dflash_loss(
     k = torch.arange(1, slots + 1, device=anchors.device)
     # Padding blocks may run past the end: clamp (their weight is 0).
     label_pos = (anchors[..., None] + k).clamp(max=length - 1)  # (Bt, N, B-1)
-    w = weights.to(hidden.device)[None, None, :] * valid[..., None]
+    w = weights.to(hidden.device)[None, None, :] * mask
     vocab = target_logits.shape[-1]
     chunk = max(1, chunk_bytes // (4 * bt * slots * vocab))
     total = hidden.new_zeros((), dtype=torch.float32)
@@ -77,7 +78,7 @@ def dflash_loss(
     loss = total / w.sum().clamp(min=1e-6)
     target_argmax = _gather_positions(target_logits.argmax(-1), label_pos - 1)
     correct = torch.cat(draft_argmax, dim=1) == target_argmax
-    return BlockStats(loss=loss, correct=correct, valid=valid)
+    return BlockStats(loss=loss, correct=correct, mask=mask)
 
 
 class _ChunkTerms:
@@ -106,12 +107,13 @@ class _ChunkTerms:
 
 
 def accuracy_metrics(stats: BlockStats) -> dict[str, float]:
-    """acc_k (slot k+1 right, k=0..B-2) and the simulated acceptance length of a block,
-    ``1 + sum_k P(slots 1..k+1 all right)`` (greedy verification accepts a prefix)."""
-    valid = stats.valid[..., None]
-    n = stats.valid.sum().clamp(min=1)
-    acc = ((stats.correct & valid).sum((0, 1)) / n).tolist()
-    prefix = (stats.correct.int().cumprod(-1).bool() & valid).sum((0, 1)) / n
+    """acc_k (slot k+1 right among supervised slots k+1, k=0..B-2) and the simulated
+    acceptance length of a block, ``1 + sum_k P(slots 1..k+1 all right)`` (greedy
+    verification accepts a prefix), each term over the blocks whose slot k+1 is supervised."""
+    mask = stats.mask
+    n = mask.sum((0, 1)).clamp(min=1)  # (B-1,)
+    acc = ((stats.correct & mask).sum((0, 1)) / n).tolist()
+    prefix = (stats.correct.int().cumprod(-1).bool() & mask).sum((0, 1)) / n
     out = {f"acc_{k}": a for k, a in enumerate(acc)}
     out["sim_accept_len"] = 1.0 + float(prefix.sum())
     return out

@@ -15,6 +15,7 @@ from eagle_train.drafts.dflash.blocks import (
     loss_gamma,
     sample_anchors,
     select_layer_ids,
+    slot_mask,
     slot_weights,
 )
 from eagle_train.drafts.dflash.config import DFlashConfig
@@ -80,7 +81,7 @@ class DFlashSpec:
             batch.input_ids,
             features.logits,
             anchors.positions,
-            anchors.valid,
+            slot_mask(batch.loss_mask, anchors.positions, anchors.valid, cfg.block_size),
             weights,
             cfg.loss_target,
         )

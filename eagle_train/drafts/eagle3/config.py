@@ -19,5 +19,9 @@ class Eagle3Config(StrictModel):
     step_decay: float = Field(default=0.8, gt=0, le=1)
     # Decoder layer style: llama (no q/k norm) or qwen3 (q_norm/k_norm); auto = the target's.
     layer_style: Literal["auto", "llama", "qwen3"] = "auto"
+    # Drop from the loss the positions whose target argmax is outside the draft vocabulary
+    # (the draft can never propose that token there; SafeAILab's and SpecForge's EAGLE-3 do
+    # this). Metrics still count them. Default chosen by measurement: see README.md.
+    drop_out_of_vocab: bool = False
     # Copy of the target embedding, frozen by default (exported only when trained).
     train_embedding: bool = False

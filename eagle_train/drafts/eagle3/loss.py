@@ -20,7 +20,7 @@ class StepStats:
     loss: Tensor  # scalar, weighted over steps, differentiable
     step_losses: list[float]
     correct: list[Tensor]  # per step (B, T) bool: draft argmax == target argmax
-    valid: list[Tensor]  # per step (B, T) bool: supervised slots
+    valid: list[Tensor]  # per step (B, T) bool: supervised slots (what metrics count)
 
 
 def step_weights(num_steps: int, decay: float) -> list[float]:
@@ -36,8 +36,13 @@ def eagle3_loss(
     lengths: Tensor,
     d2t: Tensor,
     decay: float,
+    drop_out_of_vocab: bool = False,
 ) -> StepStats:
-    """Forward KL (soft CE) to the target distribution restricted to the draft vocab."""
+    """Forward KL (soft CE) to the target distribution restricted to the draft vocab.
+
+    ``drop_out_of_vocab``: slots whose target argmax is outside the draft vocabulary (the
+    draft can never propose it, so they can never be accepted) carry no loss; they still
+    count in the metrics, which measure what serving would accept."""
     vd = draft_logits[0].shape[-1]
     draft_to_target = torch.arange(vd, device=d2t.device) + d2t  # (Vd,) target ids
     weights = step_weights(len(draft_logits), decay)
@@ -47,19 +52,28 @@ def eagle3_loss(
     # these (B,T,Vd) and (B,T) tensors instead of copying the (B,T,V) logits K times.
     target_draft = target_logits[..., draft_to_target]
     target_argmax = target_logits.argmax(-1)
+    in_vocab = in_draft_vocab(target_argmax, draft_to_target, target_logits.shape[-1])
     for k, logits in enumerate(draft_logits):
         mask = valid_slots(loss_mask, lengths, k)
+        trained = mask & shift_left(in_vocab, 1 + k) if drop_out_of_vocab else mask
         # the target at t+1+k
         p = torch.softmax(shift_left(target_draft, 1 + k).float(), dim=-1)
         logq = torch.log_softmax(logits.float(), dim=-1)
         per_slot = -(p * logq).sum(-1)
-        denom = mask.sum().clamp(min=1)
-        step_loss = (per_slot * mask).sum() / denom
+        denom = trained.sum().clamp(min=1)
+        step_loss = (per_slot * trained).sum() / denom
         total = total + weights[k] * step_loss
         step_losses.append(step_loss.item())
         correct.append(draft_to_target[logits.argmax(-1)] == shift_left(target_argmax, 1 + k))
         valid.append(mask)
     return StepStats(loss=total, step_losses=step_losses, correct=correct, valid=valid)
+
+
+def in_draft_vocab(target_ids: Tensor, draft_to_target: Tensor, vocab_size: int) -> Tensor:
+    """Bool of ``target_ids``' shape: the id is one of the draft vocabulary's target ids."""
+    member = torch.zeros(vocab_size, dtype=torch.bool, device=target_ids.device)
+    member[draft_to_target.to(target_ids.device)] = True
+    return member[target_ids]
 
 
 def accuracy_metrics(stats: StepStats) -> dict[str, float]:

@@ -66,7 +66,13 @@ class Eagle3Spec:
         module = getattr(draft, "module", draft)  # DDP-wrapped or not
         out = draft(features.aux.to(module.fc.weight.dtype), batch.input_ids, cfg.ttt_steps)
         stats = eagle3_loss(
-            out.logits, features.logits, batch.loss_mask, batch.lengths, module.d2t, cfg.step_decay
+            out.logits,
+            features.logits,
+            batch.loss_mask,
+            batch.lengths,
+            module.d2t,
+            cfg.step_decay,
+            cfg.drop_out_of_vocab,
         )
         metrics = {"loss": stats.loss.item(), **accuracy_metrics(stats)}
         for k, value in enumerate(stats.step_losses):

@@ -17,7 +17,9 @@ class PEagleConfig(StrictModel):
     num_layers: int = Field(default=4, ge=1)
     # K: depths predicted in one forward (vLLM num_speculative_tokens).
     parallel_steps: int = Field(default=4, ge=1)
-    # Conditional drop: depth d keeps max(keep_ratio**d, min_keep_ratio) of depth d-1's anchors.
+    # Conditional drop: depth d keeps int((N - d) * max(keep_ratio**d, min_keep_ratio))
+    # anchors, N the valid anchors of the sequence (a fraction of the WHOLE valid set, not
+    # of the previous depth), drawn from depth d-1's survivors.
     keep_ratio: float = Field(default=0.8, gt=0, le=1)
     min_keep_ratio: float = Field(default=0.2, gt=0, le=1)
     # Token fed at depths >= 1; its embedding row is trained and exported. None = the target
@@ -25,6 +27,10 @@ class PEagleConfig(StrictModel):
     mask_token_id: int | None = Field(default=None, ge=0)
     # Decoder layer style: llama (no q/k norm) or qwen3 (q_norm/k_norm); auto = the target's.
     layer_style: Literal["auto", "llama", "qwen3"] = "auto"
+    # Drop from the loss the positions whose target argmax is outside the draft vocabulary
+    # (the draft can never propose that token there; SafeAILab's and SpecForge's EAGLE-3 do
+    # this). Metrics still count them. Default chosen by measurement: see README.md.
+    drop_out_of_vocab: bool = False
     # Forward+backward in this many parts per micro-batch, split by anchor position (bounds
     # activation memory on long sequences; the summed gradient equals the one-pass one).
     num_segments: int = Field(default=1, ge=1)

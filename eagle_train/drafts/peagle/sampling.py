@@ -35,9 +35,11 @@ def sample_elements(
 ) -> Tensor:
     """(B,T,K) bool grid of the elements to compute.
 
-    Depth 0: every anchor with a next token (a+1 < length). Depth d: a random ``keep[d]``
-    fraction of depth d-1's anchors, among those with a supervised element at depth >= d
-    (``supervised`` None: all of them). ``keep`` None keeps every candidate (evaluation).
+    Depth 0: every anchor with a next token (a+1 < length). Of these, the N valid ones are
+    those with a supervised element (``supervised`` None: all of them). Depth d keeps
+    ``int((N - d) * keep[d])`` anchors, a fraction of the WHOLE valid set (the fractions do
+    not compound), drawn at random from depth d-1's survivors that have a supervised element
+    at depth >= d, and capped by that pool. ``keep`` None keeps every candidate (evaluation).
     """
     device = lengths.device
     anchors = torch.arange(t, device=device)
@@ -45,6 +47,8 @@ def sample_elements(
     grid[:, :, 0] = anchors[None, :] + 1 < lengths[:, None]
     # later[b, a, d]: some depth >= d of anchor a is supervised
     later = None if supervised is None else supervised.flip(-1).cummax(-1).values.flip(-1)
+    valid = grid[:, :, 0] if later is None else grid[:, :, 0] & later[:, :, 0]
+    num_valid = valid.sum(1).tolist()
     for d in range(1, depths):
         candidates = grid[:, :, d - 1] if later is None else grid[:, :, d - 1] & later[:, :, d]
         if keep is None:
@@ -52,12 +56,13 @@ def sample_elements(
             continue
         for b in range(len(lengths)):
             idx = candidates[b].nonzero().squeeze(1)
-            n = min(len(idx), max(1, round(keep[d] * len(idx))))
+            n = min(len(idx), int(max(num_valid[b] - d, 0) * keep[d]))
             grid[b, idx[torch.randperm(len(idx), device=device)[:n]], d] = True
     return grid
 
 
 def keep_fractions(depths: int, ratio: float, minimum: float) -> list[float]:
+    """Fraction of the whole valid set kept at each depth: 1, then max(r^d, r_min)."""
     return [1.0] + [max(ratio**d, minimum) for d in range(1, depths)]
 
 

@@ -84,10 +84,13 @@ class PEagleSpec:
         # sampling noise between evaluations.
         keep = keep_fractions(k, cfg.keep_ratio, cfg.min_keep_ratio) if module.training else None
         grid = sample_elements(batch.lengths, batch.input_ids.shape[1], k, supervised, keep)
-        total = int((grid & supervised).sum())
         aux = features.aux.to(module.fc.weight.dtype)
         ids = draft_ids(module)
         target_draft = features.logits[..., ids]  # (B,T,Vd), restricted once
+        trained = supervised
+        if cfg.drop_out_of_vocab:
+            trained = supervised & in_vocab_elements(features.logits, ids, k)
+        total = int((grid & trained).sum())
 
         def part(forward: Tensor, own: Tensor) -> Callable[[], StepResult]:
             def run() -> StepResult:
@@ -95,7 +98,7 @@ class PEagleSpec:
                 logits = draft(aux, batch.input_ids, e)
                 target = element_targets(target_draft, e)
                 sup = e.pick(own & supervised)
-                loss, kl = peagle_loss(logits, target, sup, total)
+                loss, kl = peagle_loss(logits, target, e.pick(own & trained), total)
                 n = int(sup.sum())
                 correct = logits.argmax(-1) == target.argmax(-1)
                 metrics = {
@@ -145,6 +148,21 @@ class PEagleSpec:
         self, config: dict[str, Any]
     ) -> tuple[dict[str, tuple[int, ...]], dict[str, tuple[int, ...]]]:
         return export.expected_tensors(config)
+
+
+def in_vocab_elements(target_logits: Tensor, ids: Tensor, depths: int) -> Tensor:
+    """(B,T,K) bool: the target's argmax for element (a, d), at position a+1+d, is one of
+    the draft vocabulary's target ids ``ids``."""
+    argmax = target_logits.argmax(-1)  # (B,T)
+    member = torch.zeros(target_logits.shape[-1], dtype=torch.bool, device=argmax.device)
+    member[ids] = True
+    t = argmax.shape[1]
+    pos = (
+        torch.arange(t, device=argmax.device)[:, None]
+        + 1
+        + torch.arange(depths, device=argmax.device)
+    ).clamp(max=t - 1)
+    return member[argmax[:, pos]]
 
 
 def resolve_mask_token_id(cfg: PEagleConfig, target: FrozenTarget) -> int:

@@ -1,0 +1,72 @@
+"""The paired A/B table and the RMSNorm gain statistics of scripts/ab_experiment.py, against
+hand-computed values."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from eagle_train.evaluate.ab import norm_gain_stats, paired_table
+
+
+def rec(model: str, pid: str, cat: str, drafts: int, accepted: int) -> dict:
+    return {
+        "model": model,
+        "id": pid,
+        "turn": 1,
+        "category": cat,
+        "drafts": drafts,
+        "accepted": accepted,
+        "acceptance_length": 1 + accepted / drafts,
+    }
+
+
+RECORDS = [
+    rec("target", "p1", "x", 1, 0),  # the no-draft baseline: ignored
+    rec("A", "p1", "x", 10, 5),  # AL 1.5
+    rec("A", "p2", "x", 10, 10),  # 2.0
+    rec("A", "p3", "y", 4, 2),  # 1.5
+    rec("A", "p4", "y", 5, 0),  # 1.0
+    rec("B", "p2", "x", 10, 12),  # 2.2 (order differs from A's)
+    rec("B", "p1", "x", 8, 8),  # 2.0
+    rec("B", "p3", "y", 4, 4),  # 2.0
+    rec("B", "p4", "y", 5, 5),  # 2.0
+]
+
+
+def test_paired_table_per_category_and_overall() -> None:
+    x, y, overall = paired_table(RECORDS, "A", "B")
+    # x: AL 1 + 15/20 vs 1 + 20/18; differences 0.5, 0.2: mean .35, sd .2121, t = .35/.15
+    assert (x.category, x.n) == ("x", 2)
+    assert x.al_a == pytest.approx(1.75) and x.al_b == pytest.approx(1 + 20 / 18)
+    assert x.diff == pytest.approx(0.35) and x.t == pytest.approx(0.35 / 0.15)
+    assert x.ci_low == pytest.approx(0.35 - 12.7062 * 0.15, abs=1e-3)
+    # y: 1 + 2/9 vs 1 + 9/9; differences 0.5, 1.0: mean .75, sem .25
+    assert y.al_a == pytest.approx(1 + 2 / 9) and y.al_b == pytest.approx(2.0)
+    assert y.diff == pytest.approx(0.75) and y.t == pytest.approx(3.0)
+    # overall: differences .5 .2 .5 1.0: mean .55, var .11, sem sqrt(.11/4), t_.975,3 = 3.1824
+    sem = (0.11 / 4) ** 0.5
+    assert overall.n == 4 and overall.diff == pytest.approx(0.55)
+    assert overall.al_a == pytest.approx(1 + 17 / 29) and overall.al_b == pytest.approx(1 + 29 / 27)
+    assert overall.t == pytest.approx(0.55 / sem)
+    assert (overall.ci_low, overall.ci_high) == pytest.approx(
+        (0.55 - 3.18245 * sem, 0.55 + 3.18245 * sem), abs=1e-4
+    )
+
+
+def test_unpaired_requests_are_an_error() -> None:
+    with pytest.raises(ValueError, match="one drafter only"):
+        paired_table(RECORDS[:-1], "A", "B")
+
+
+def test_norm_gain_stats_count_moved_elements() -> None:
+    state = {
+        "layers.0.input_layernorm.weight": torch.tensor([1.0, 1.0, 0.99609375]).bfloat16(),
+        "norm.weight": torch.tensor([1.0078125, 1.0]).bfloat16(),
+        "fc.weight": torch.full((2, 2), 3.0),  # not a gain
+        "layers.0.self_attn.q_proj.weight": torch.ones(2, 2),
+    }
+    got = norm_gain_stats(state)
+    assert got["tensors"] == 2 and got["elements"] == 5 and got["moved"] == 2
+    assert got["max_abs_change"] == 0.0078125
+    assert got["mean_abs_change"] == pytest.approx((0.00390625 + 0.0078125) / 5)
