@@ -178,9 +178,6 @@ def eval_acceptance(
     """Measure acceptance length (MT-Bench by default: greedy, one request at a time) of
     each drafter next to the target, per category, with the no-draft speed baseline and
     paired statistics between drafters."""
-    import os
-
-    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     from eagle_train.evaluate.drafter import DrafterError
     from eagle_train.evaluate.harness import EvalSettings, run_eval
     from eagle_train.evaluate.report import to_markdown, write_report

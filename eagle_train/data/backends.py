@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import gc
 import logging
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, Protocol
@@ -32,6 +31,8 @@ class GenerationSettings:
     pad_token_id: int
     max_model_len: int
     kv_cache_memory_bytes: int | None = None
+    tensor_parallel_size: int = 1  # GPUs one engine spans
+    data_parallel_size: int = 1  # engines, each in its own process on its own GPU(s)
 
     @property
     def greedy(self) -> bool:
@@ -57,24 +58,25 @@ def create_backend(
         name = "vllm" if _vllm_importable() else "transformers"
     logger.info("regenerating with the %s backend (%s, dtype %s)", name, model, settings.dtype)
     if name == "vllm":
+        if settings.data_parallel_size > 1:
+            from eagle_train.data.engines import DataParallelVllmBackend
+
+            return DataParallelVllmBackend(model, tokenizer, settings, settings.data_parallel_size)
         return VllmBackend(model, tokenizer, settings)
+    if settings.data_parallel_size > 1 or settings.tensor_parallel_size > 1:
+        raise ValueError(
+            "regenerate.data_parallel_size / tensor_parallel_size need the vllm backend"
+        )
     return TransformersBackend(model, settings)
 
 
 def _vllm_importable() -> bool:
-    _set_vllm_env()
     try:
         import vllm  # noqa: F401
     except Exception as exc:  # a broken install raises more than ImportError
         logger.info("vLLM not usable (%s: %s); using transformers", type(exc).__name__, exc)
         return False
     return True
-
-
-def _set_vllm_env() -> None:
-    # An in-process engine starts in seconds instead of tens of seconds and needs no spawn;
-    # setdefault keeps whatever the user chose.
-    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
 
 def cut_at_stop(ids: list[int], stop_ids: tuple[int, ...], limit: int) -> list[int]:
@@ -159,6 +161,7 @@ class VllmBackend:
             kv_cache_memory_bytes=settings.kv_cache_memory_bytes,
             seed=settings.seed,
             tokenizer=tokenizer,
+            tensor_parallel_size=settings.tensor_parallel_size,
         ).open()
 
     def generate(

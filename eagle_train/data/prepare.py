@@ -203,6 +203,8 @@ def run_regeneration(
         pad_token_id=plan.stop_token_ids[0] if pad is None else pad,
         max_model_len=plan.max_model_len,
         kv_cache_memory_bytes=rc.kv_cache_memory_bytes,
+        tensor_parallel_size=rc.tensor_parallel_size,
+        data_parallel_size=rc.data_parallel_size,
     )
     with out:
         backend = create_backend(rc.backend, model, cfg.tokenizer, gen)

@@ -13,7 +13,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import torch
 from tqdm import tqdm
 from transformers import AutoConfig, AutoTokenizer
 
@@ -90,14 +89,11 @@ def run_eval(settings: EvalSettings) -> EvalRun:
 
 
 def _engine(settings: EvalSettings, drafter: DrafterInfo | None) -> VllmEngine:
-    kv = settings.kv_cache_memory_bytes
-    if kv is None and not torch.cuda.is_available():
-        kv = 512 * 2**20
     return VllmEngine(
         settings.target,
         dtype=settings.dtype,
         max_model_len=settings.max_model_len,
-        kv_cache_memory_bytes=kv,
+        kv_cache_memory_bytes=settings.kv_cache_memory_bytes,
         speculative_config=drafter.speculative_config() if drafter else None,
     )
 
