@@ -10,11 +10,11 @@ its layers after the fused first one.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 from transformers import PretrainedConfig
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
+from eagle_train.drafts import kernels
 from eagle_train.drafts.common import RMSNorm
 from eagle_train.drafts.eagle3.attention import ttt_attention
 from eagle_train.drafts.eagle3.model import MLP, Attention, DraftShape, shift_left
@@ -37,19 +37,20 @@ class DecoderLayer(nn.Module):
         self,
         h: Tensor,
         rope: tuple[Tensor, Tensor],
-        mask: Tensor | None = None,
+        mask: object = None,
         kv: LayerKV | None = None,
     ) -> Tensor:
-        """``h`` (B,N,H). Attention: ``mask`` (B,1,N,N) bool (True = may attend); None and
+        """``h`` (B,N,H). Attention: ``mask`` (B,1,N,N) bool (True = may attend) or a flex
+        BlockMask; None and
         no ``kv`` = causal; with ``kv`` = a training-time-test chain step (keys appended)."""
         x = h if self.input_layernorm is None else self.input_layernorm(h)
         q, k, v = self.self_attn.project(x, rope)
         if kv:  # chain step >= 1: causal step-0 keys + this slot's own chain
             kd = torch.stack([kj for kj, _ in kv[1:]] + [k], dim=3)
             vd = torch.stack([vj for _, vj in kv[1:]] + [v], dim=3)
-            attn = ttt_attention(q, kv[0][0], kv[0][1], kd, vd)
+            attn = ttt_attention(q, kv[0][0], kv[0][1], kd, vd, self.self_attn.backend)
         else:
-            attn = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None)
+            attn = kernels.masked_attention(q, k, v, mask)
         if kv is not None:
             kv.append((k, v))
         b, _, n, _ = attn.shape

@@ -16,7 +16,7 @@ from eagle_train.drafts.eagle1.config import Eagle1Config
 from eagle_train.drafts.eagle1.loss import eagle1_loss
 from eagle_train.drafts.eagle1.model import Eagle1Draft
 from eagle_train.drafts.eagle3.loss import valid_slots
-from eagle_train.drafts.eagle3.model import DraftShape, shift_left
+from eagle_train.drafts.eagle3.model import DraftShape, set_backend, shift_left
 from eagle_train.target import FrozenTarget, TargetFeatures
 
 # Keys only EAGLE-3-family or DFlash drafters write; a plain Llama config has none of them.
@@ -53,6 +53,7 @@ class Eagle1Spec:
             tcfg, num_aux=1, draft_vocab_size=tcfg.vocab_size, qk_norm=False
         )
         draft = Eagle1Draft(shape, tcfg, cfg.num_layers).float()
+        set_backend(draft, cfg.attention)
         with torch.no_grad():
             draft.embed_tokens.weight.copy_(target.embed_tokens().weight.float())
             draft.lm_head.weight.copy_(target.lm_head().weight.float())

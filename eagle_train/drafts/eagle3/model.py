@@ -71,6 +71,7 @@ class Attention(nn.Module):
         if s.qk_norm:
             self.q_norm = RMSNorm(s.head_dim, s.rms_norm_eps)
             self.k_norm = RMSNorm(s.head_dim, s.rms_norm_eps)
+        self.backend = "auto"  # TTT attention kernel; set from the config by set_backend
 
     def project(self, x: Tensor, rope: tuple[Tensor, Tensor]) -> tuple[Tensor, Tensor, Tensor]:
         """(B,T,in) -> q (B,h,T,D) and k, v repeated to h heads (GQA), rotary applied."""
@@ -134,7 +135,7 @@ class Eagle3Draft(nn.Module):
         else:  # later steps: causal step-0 keys + this slot's chain (the diagonal)
             kd = torch.stack([kj for kj, _ in kv[1:]] + [k], dim=3)
             vd = torch.stack([vj for _, vj in kv[1:]] + [v], dim=3)
-            attn = ttt_attention(q, kv[0][0], kv[0][1], kd, vd)
+            attn = ttt_attention(q, kv[0][0], kv[0][1], kd, vd, layer.self_attn.backend)
         kv.append((k, v))
         b, _, t, _ = attn.shape
         h = hidden + layer.self_attn.o_proj(attn.transpose(1, 2).reshape(b, t, -1))
@@ -156,6 +157,13 @@ class Eagle3Draft(nn.Module):
             hidden = self.step(hidden, tokens, base + k, kv)
             logits.append(self.lm_head(self.norm(hidden)))
         return DraftOutput(logits=logits)
+
+
+def set_backend(model: nn.Module, backend: str) -> None:
+    """Use ``backend`` in every attention module of ``model`` (a plain attribute: not saved)."""
+    for module in model.modules():
+        if isinstance(module, Attention):
+            module.backend = backend
 
 
 def shift_left(x: Tensor, n: int) -> Tensor:

@@ -13,7 +13,7 @@ from eagle_train.drafts.base import Batch, StepResult, VllmDrafter
 from eagle_train.drafts.eagle3 import export
 from eagle_train.drafts.eagle3.config import Eagle3Config
 from eagle_train.drafts.eagle3.loss import accuracy_metrics, eagle3_loss
-from eagle_train.drafts.eagle3.model import DraftShape, Eagle3Draft
+from eagle_train.drafts.eagle3.model import DraftShape, Eagle3Draft, set_backend
 from eagle_train.target import FrozenTarget, TargetFeatures
 
 
@@ -52,6 +52,7 @@ class Eagle3Spec:
             qk_norm=export.layer_style(cfg, tcfg) == "qwen3",
         )
         draft = Eagle3Draft(shape, tcfg).float()
+        set_backend(draft, cfg.attention)
         with torch.no_grad():
             draft.embed_tokens.weight.copy_(target.embed_tokens().weight.float())
             if vocab is not None:

@@ -53,6 +53,7 @@ class PEagleSpec:
             qk_norm=layer_style(cfg, tcfg) == "qwen3",
         )
         draft = PEagleDraft(shape, tcfg, cfg.num_layers).float()
+        draft.attention = cfg.attention
         with torch.no_grad():
             embed = target.embed_tokens().weight.float()
             draft.embed_tokens.weight.copy_(embed)
