@@ -67,6 +67,7 @@ class VllmEngine:
         speculative_config: dict[str, Any] | None = None,
         tokenizer: str | Path | None = None,
         tensor_parallel_size: int = 1,
+        gpu_memory_utilization: float | None = None,
     ) -> None:
         if dtype == "auto":
             raise ValueError("pass an explicit dtype: vLLM's 'auto' downcasts fp32 checkpoints")
@@ -78,6 +79,8 @@ class VllmEngine:
             disable_log_stats=False,  # get_metrics() needs stats
         )
         self.kwargs.update(engine_defaults(cuda_available(), kv_cache_memory_bytes))
+        if gpu_memory_utilization is not None:  # engines sharing a GPU split it
+            self.kwargs["gpu_memory_utilization"] = gpu_memory_utilization
         if tensor_parallel_size != 1:
             self.kwargs["tensor_parallel_size"] = tensor_parallel_size
         if max_model_len is not None:  # None: the model's own limit
