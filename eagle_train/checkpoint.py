@@ -27,14 +27,18 @@ from safetensors.torch import load_file, save_file
 
 from eagle_train.config import dump_config, load_config
 from eagle_train.data.loader import LoaderState
-from eagle_train.data.vocab import VocabMapping, load_vocab_mapping, save_vocab_mapping
+from eagle_train.data.vocab import (
+    VOCAB_FILE,
+    VocabMapping,
+    load_vocab_mapping,
+    save_vocab_mapping,
+)
 from eagle_train.fsutil import atomic_directory
 from eagle_train.run_config import RunConfig
 
 log = logging.getLogger(__name__)
 STATE_FILE = "trainer_state.json"
 DRAFT_FILE = "draft.safetensors"
-VOCAB_FILE = "vocab.safetensors"
 RNG_FILE = "rng_states.pt"
 
 

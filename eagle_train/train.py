@@ -33,9 +33,9 @@ from eagle_train.checkpoint import (
     save_checkpoint,
 )
 from eagle_train.config import dump_config
-from eagle_train.data.loader import BatchLoader, PreparedData
+from eagle_train.data.loader import Batch, BatchLoader, PreparedData
 from eagle_train.data.vocab import TokenCounter, VocabMapping, build_vocab_mapping
-from eagle_train.drafts.base import Batch, DraftSpec, loss_parts
+from eagle_train.drafts.base import DraftSpec, loss_parts
 from eagle_train.drafts.registry import get_draft
 from eagle_train.evaluate.during_training import AcceptanceProbe
 from eagle_train.metrics import MetricLog, WeightedMean, format_metrics

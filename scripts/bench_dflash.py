@@ -39,7 +39,7 @@ def main() -> None:
 
     import torch
 
-    from eagle_train.drafts.base import Batch
+    from eagle_train.data.loader import Batch
     from eagle_train.drafts.registry import get_draft
     from eagle_train.optim import OptimConfig, create_optimizer
 

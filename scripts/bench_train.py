@@ -24,7 +24,7 @@ from benchlib import load_target, measure_steps
 def run_point(args: argparse.Namespace, seq: int, k: int) -> dict:
     import torch
 
-    from eagle_train.drafts.base import Batch
+    from eagle_train.data.loader import Batch
     from eagle_train.drafts.eagle3.config import Eagle3Config
     from eagle_train.drafts.registry import get_draft
     from eagle_train.optim import OptimConfig, create_optimizer

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
-from eagle_train.drafts.base import Batch
+from eagle_train.data.loader import Batch
 from eagle_train.drafts.dflash.attention import block_attention
 from eagle_train.drafts.dflash.blocks import (
     default_layer_ids,

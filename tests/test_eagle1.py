@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from eagle_train.drafts.base import Batch
+from eagle_train.data.loader import Batch
 from eagle_train.drafts.eagle1.config import Eagle1Config
 from eagle_train.drafts.registry import get_draft, identify_drafter
 from eagle_train.export import ExportError, validate_drafter

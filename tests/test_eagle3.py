@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from eagle_train.drafts.base import Batch
+from eagle_train.data.loader import Batch
 from eagle_train.drafts.eagle3.config import Eagle3Config
 from eagle_train.drafts.eagle3.loss import eagle3_loss, step_weights, valid_slots
 from eagle_train.drafts.eagle3.model import Eagle3Draft

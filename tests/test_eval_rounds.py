@@ -6,12 +6,12 @@ from pathlib import Path
 
 import pytest
 
-from eagle_train.evaluate.counters import SpecCounters
+from eagle_train.engine import Measured
+from eagle_train.engine.counters import SpecCounters
 from eagle_train.evaluate.drafter import DrafterInfo
 from eagle_train.evaluate.harness import EvalRun, EvalSettings
 from eagle_train.evaluate.report import summarize, to_markdown
 from eagle_train.evaluate.rounds import Round, interleave, speedup_summary
-from eagle_train.serving import Measured
 
 
 class Machine:

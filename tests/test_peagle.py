@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from eagle_train.config import load_config
-from eagle_train.drafts.base import Batch
+from eagle_train.data.loader import Batch
 from eagle_train.drafts.peagle.config import PEagleConfig
 from eagle_train.drafts.peagle.sampling import (
     Elements,

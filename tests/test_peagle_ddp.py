@@ -18,7 +18,7 @@ import torch.multiprocessing as mp
 from optim_helpers import free_port
 from torch.nn.parallel import DistributedDataParallel
 
-from eagle_train.drafts.base import Batch
+from eagle_train.data.loader import Batch
 from eagle_train.drafts.peagle.config import PEagleConfig
 from eagle_train.drafts.registry import get_draft
 from eagle_train.target import FrozenTarget

@@ -23,9 +23,9 @@ from safetensors.torch import load_file
 
 from eagle_train.drafts.eagle3.config import Eagle3Config
 from eagle_train.drafts.registry import get_draft
+from eagle_train.engine import VllmEngine
 from eagle_train.evaluate.offline import estimate_acceptance
 from eagle_train.export import serving_config
-from eagle_train.serving import VllmEngine
 from eagle_train.target import FrozenTarget
 
 pytestmark = pytest.mark.vllm

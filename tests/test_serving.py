@@ -6,7 +6,12 @@ import os
 import sys
 import types
 
-from eagle_train.serving import CPU_KV_CACHE_BYTES, VllmEngine, engine_defaults
+from eagle_train.engine.vllm_engine import (
+    CPU_KV_CACHE_BYTES,
+    VllmEngine,
+    engine_defaults,
+    vllm_available,
+)
 
 
 def test_cuda_keeps_vllm_defaults():
@@ -27,7 +32,7 @@ def test_cpu_is_eager_with_explicit_kv_cache():
 def test_engine_arguments_and_environment(monkeypatch):
     monkeypatch.delenv("VLLM_ENABLE_V1_MULTIPROCESSING", raising=False)
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
-    monkeypatch.setattr("eagle_train.serving.cuda_available", lambda: True)
+    monkeypatch.setattr("eagle_train.engine.vllm_engine.cuda_available", lambda: True)
     engine = VllmEngine("org/model", dtype="bfloat16", tensor_parallel_size=2)
     assert engine.kwargs["tensor_parallel_size"] == 2
     assert "enforce_eager" not in engine.kwargs and "kv_cache_memory_bytes" not in engine.kwargs
@@ -35,6 +40,7 @@ def test_engine_arguments_and_environment(monkeypatch):
     fake = types.ModuleType("vllm")
     fake.LLM = lambda **kwargs: seen.update(kwargs)
     monkeypatch.setitem(sys.modules, "vllm", fake)
+    assert vllm_available()
     engine.open()
     assert seen["model"] == "org/model" and seen["tensor_parallel_size"] == 2
     # Opening an engine leaves the user's environment alone (a hub id must stay servable,

@@ -26,7 +26,7 @@ def greedy(model: torch.nn.Module, prompt: list[int], num_new: int) -> list[int]
 
 @pytest.mark.parametrize("family", ["llama", "qwen3"])
 def test_vllm_greedy_matches_transformers(tiny_world: Path, family: str) -> None:
-    from eagle_train.serving import VllmEngine
+    from eagle_train.engine import VllmEngine
 
     path = target_dir(tiny_world, family, "fp32")
     tok = AutoTokenizer.from_pretrained(path)

@@ -15,10 +15,10 @@ from transformers import AutoTokenizer
 from eagle_train.config import load_config
 from eagle_train.data.loader import PreparedData
 from eagle_train.drafts.registry import get_draft
+from eagle_train.engine import VllmEngine
 from eagle_train.export import export_draft, export_state, serving_config
 from eagle_train.metrics import read_metrics
 from eagle_train.run_config import RunConfig
-from eagle_train.serving import VllmEngine
 from eagle_train.target import FrozenTarget
 from eagle_train.train import train
 

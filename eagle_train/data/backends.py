@@ -14,7 +14,7 @@ from typing import Literal, Protocol
 
 import torch
 
-from eagle_train.serving import VllmEngine
+from eagle_train.engine import VllmEngine, vllm_available
 
 logger = logging.getLogger(__name__)
 
@@ -55,7 +55,7 @@ def create_backend(
     name: BackendName, model: Path, tokenizer: Path, settings: GenerationSettings
 ) -> GenerationBackend:
     if name == "auto":
-        name = "vllm" if _vllm_importable() else "transformers"
+        name = "vllm" if vllm_available() else "transformers"
     logger.info("regenerating with the %s backend (%s, dtype %s)", name, model, settings.dtype)
     if name == "vllm":
         if settings.data_parallel_size > 1:
@@ -68,15 +68,6 @@ def create_backend(
             "regenerate.data_parallel_size / tensor_parallel_size need the vllm backend"
         )
     return TransformersBackend(model, settings)
-
-
-def _vllm_importable() -> bool:
-    try:
-        import vllm  # noqa: F401
-    except Exception as exc:  # a broken install raises more than ImportError
-        logger.info("vLLM not usable (%s: %s); using transformers", type(exc).__name__, exc)
-        return False
-    return True
 
 
 def cut_at_stop(ids: list[int], stop_ids: tuple[int, ...], limit: int) -> list[int]:

@@ -1,6 +1,6 @@
 """Regeneration on several GPUs: one vLLM engine per GPU, each in its own process.
 
-``data_parallel_size=N`` starts N worker processes (``eagle_train.remote``); worker i sees
+``data_parallel_size=N`` starts N worker processes (``eagle_train.engine.remote``); worker i sees
 only its own GPUs (``CUDA_VISIBLE_DEVICES``, on a machine with GPUs) and opens an ordinary
 ``VllmBackend``, tensor-parallel over ``tensor_parallel_size`` GPUs when a target needs that
 (worker i takes GPUs i*tp .. i*tp+tp-1). Each call splits the prompts into N contiguous
@@ -14,7 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from eagle_train.data.backends import GenerationSettings, VllmBackend
-from eagle_train.remote import Remote
+from eagle_train.engine.remote import Remote
 
 
 class DataParallelVllmBackend:

@@ -13,10 +13,24 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from torch import Tensor
 
-from eagle_train.data.store import VOCAB_FILE, load_prepared, read_meta
-from eagle_train.data.vocab import VocabMapping, load_vocab_mapping
-from eagle_train.drafts.base import Batch
+from eagle_train.data.store import load_prepared, read_meta
+from eagle_train.data.vocab import VOCAB_FILE, VocabMapping, load_vocab_mapping
+
+
+@dataclass
+class Batch:
+    """One micro-batch as the loop hands it to a draft."""
+
+    input_ids: Tensor  # (B, T) right-padded token ids
+    loss_mask: Tensor  # (B, T) 1 on assistant tokens
+    attention_mask: Tensor  # (B, T) 1 on real tokens
+    lengths: Tensor  # (B,) real lengths
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.lengths.sum())
 
 
 class PreparedData:

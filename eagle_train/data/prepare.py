@@ -32,13 +32,17 @@ from eagle_train.data.regenerate import (
     stop_token_ids,
 )
 from eagle_train.data.store import (
-    VOCAB_FILE,
     ExampleWriter,
     atomic_output_dir,
     check_output_dir,
     write_meta,
 )
-from eagle_train.data.vocab import TokenCounter, build_vocab_mapping, save_vocab_mapping
+from eagle_train.data.vocab import (
+    VOCAB_FILE,
+    TokenCounter,
+    build_vocab_mapping,
+    save_vocab_mapping,
+)
 
 logger = logging.getLogger(__name__)
 

@@ -27,7 +27,6 @@ from eagle_train.fsutil import atomic_directory
 FORMAT = "eagle-train-prepared"
 FORMAT_VERSION = 1
 META_FILE = "meta.json"
-VOCAB_FILE = "vocab.safetensors"
 FEATURES = datasets.Features(
     {
         "input_ids": datasets.List(datasets.Value("int32")),

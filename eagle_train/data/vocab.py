@@ -12,6 +12,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
+VOCAB_FILE = "vocab.safetensors"  # the mapping's file name in a dataset and a checkpoint
+
 
 @dataclass(frozen=True)
 class VocabMapping:

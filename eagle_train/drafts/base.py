@@ -10,20 +10,9 @@ from torch import Tensor, nn
 from transformers import PretrainedConfig
 
 from eagle_train.config import StrictModel
+from eagle_train.data.loader import Batch
 from eagle_train.data.vocab import VocabMapping
 from eagle_train.target import FrozenTarget, TargetFeatures
-
-
-@dataclass
-class Batch:
-    input_ids: Tensor  # (B, T) right-padded token ids
-    loss_mask: Tensor  # (B, T) 1 on assistant tokens
-    attention_mask: Tensor  # (B, T) 1 on real tokens
-    lengths: Tensor  # (B,) real lengths
-
-    @property
-    def num_tokens(self) -> int:
-        return int(self.lengths.sum())
 
 
 @dataclass

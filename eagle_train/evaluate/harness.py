@@ -17,11 +17,12 @@ from typing import Any
 
 from transformers import AutoConfig, AutoTokenizer
 
+from eagle_train.engine import VllmEngine
+from eagle_train.engine.remote import Remote
+from eagle_train.engine.vllm_engine import Measured, cuda_available
 from eagle_train.evaluate.drafter import DrafterInfo, inspect_drafter
 from eagle_train.evaluate.prompts import EvalPrompt, load_prompts
 from eagle_train.evaluate.rounds import Round, interleave
-from eagle_train.remote import Remote
-from eagle_train.serving import Measured, VllmEngine, cuda_available
 
 log = logging.getLogger(__name__)
 

@@ -17,7 +17,7 @@ import statistics
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from eagle_train.serving import Measured
+from eagle_train.engine import Measured
 
 
 class MeasuringEngine(Protocol):

@@ -10,8 +10,9 @@ import torch
 from torch import Tensor, nn
 from transformers import AutoTokenizer, PretrainedConfig
 
+from eagle_train.data.loader import Batch
 from eagle_train.data.vocab import VocabMapping
-from eagle_train.drafts.base import Batch, StepResult, VllmDrafter
+from eagle_train.drafts.base import StepResult, VllmDrafter
 from eagle_train.drafts.eagle3.export import layer_style
 from eagle_train.drafts.eagle3.model import DraftShape
 from eagle_train.drafts.eagle3.spec import Eagle3Spec, draft_ids

@@ -12,11 +12,14 @@ the CPU scripts, not here.
 from __future__ import annotations
 
 import gc
+import logging
 import time
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from eagle_train.evaluate.counters import SpecCounters, read_counters
+from eagle_train.engine.counters import SpecCounters, read_counters
+
+logger = logging.getLogger(__name__)
 
 # KV cache on CPU when none is given (vLLM's own CPU default is ~7 GiB).
 CPU_KV_CACHE_BYTES = 512 * 2**20
@@ -29,9 +32,11 @@ class Measured(NamedTuple):
 
 
 def vllm_available() -> bool:
+    """Whether vLLM can be imported here (a broken install raises more than ImportError)."""
     try:
         import vllm  # noqa: F401
-    except ImportError:
+    except Exception as exc:
+        logger.info("vLLM not usable (%s: %s)", type(exc).__name__, exc)
         return False
     return True
 

@@ -1,0 +1,15 @@
+"""The vLLM engine room: an in-process engine set up for CPU and GPU, and vLLM's
+speculative-decoding counters. Below both ``data`` (regeneration) and ``evaluate``
+(acceptance length); it imports nothing else of the project. vLLM itself is imported only
+when an engine opens."""
+
+from eagle_train.engine.counters import SpecCounters, read_counters
+from eagle_train.engine.vllm_engine import Measured, VllmEngine, vllm_available
+
+__all__ = [
+    "Measured",
+    "SpecCounters",
+    "VllmEngine",
+    "read_counters",
+    "vllm_available",
+]

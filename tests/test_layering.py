@@ -1,0 +1,95 @@
+"""House rule: the package's rooms (its top-level modules and folders) import each other in one
+direction only, from the start of the pipeline up to its commands. Read from the source with
+``ast`` (function-level imports included), so a lazy import cannot hide an arrow."""
+
+from __future__ import annotations
+
+import ast
+from graphlib import CycleError, TopologicalSorter
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[1] / "eagle_train"
+
+# Each room and the rooms it may import. A new room is declared here with its arrows.
+ALLOWED: dict[str, set[str]] = {
+    "__init__": set(),  # the version string, which any room may read
+    "config": set(),
+    "fsutil": set(),
+    "metrics": set(),
+    "parallel": set(),
+    "engine": set(),  # vLLM engine and its counters: below data and evaluate
+    "target": set(),
+    "optim": {"config"},
+    "demo": {"config", "fsutil"},
+    "data": {"config", "fsutil", "engine"},
+    "drafts": {"config", "data", "target"},
+    "run_config": {"config", "data", "drafts", "optim", "engine"},
+    "checkpoint": {"config", "data", "fsutil", "run_config"},
+    "export": {"checkpoint", "drafts", "fsutil", "run_config"},
+    "evaluate": {"config", "drafts", "engine", "export", "run_config", "target"},
+    "train": {
+        *("checkpoint", "config", "data", "drafts", "evaluate", "metrics"),
+        *("optim", "parallel", "run_config", "target"),
+    },
+    "cli": {
+        *("checkpoint", "config", "data", "demo", "drafts", "engine", "evaluate"),
+        *("export", "run_config", "train"),
+    },
+}
+
+
+def room_of(module: str) -> str:
+    """``eagle_train.data.loader`` -> ``data``; ``eagle_train`` -> ``__init__``."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "__init__"
+
+
+def imported_modules(path: Path) -> set[str]:
+    out: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            out.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            if node.module == "eagle_train":  # from eagle_train import data
+                out.update(f"eagle_train.{a.name}" for a in node.names)
+            else:
+                out.add(node.module)
+    return {m for m in out if m == "eagle_train" or m.startswith("eagle_train.")}
+
+
+def arrows() -> dict[tuple[str, str], list[str]]:
+    """(from room, to room) -> the files that draw that arrow."""
+    found: dict[tuple[str, str], list[str]] = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        rel = path.relative_to(PACKAGE)
+        src = "__init__" if rel == Path("__init__.py") else rel.with_suffix("").parts[0]
+        for module in imported_modules(path):
+            dst = room_of(module)
+            if dst not in (src, "__init__"):
+                found.setdefault((src, dst), []).append(str(rel))
+    return found
+
+
+def test_rooms_import_only_downward() -> None:
+    bad = []
+    for (src, dst), files in sorted(arrows().items()):
+        if src not in ALLOWED:
+            bad.append(f"{src} is not a declared room (add it to ALLOWED): {files}")
+        elif dst not in ALLOWED[src]:
+            bad.append(f"{src} -> {dst} is not allowed: {', '.join(files)}")
+    assert not bad, "\n".join(bad)
+
+
+def test_declared_layers_have_no_cycle() -> None:
+    try:
+        order = list(TopologicalSorter(ALLOWED).static_order())
+    except CycleError as exc:
+        raise AssertionError(f"the allowed arrows form a cycle: {exc.args[1]}") from exc
+    assert order.index("engine") < order.index("data") < order.index("drafts")
+    assert order.index("engine") < order.index("evaluate")
+
+
+def test_the_checker_sees_lazy_imports(tmp_path: Path) -> None:
+    source = tmp_path / "m.py"
+    source.write_text("def f():\n    from eagle_train.drafts.base import StepResult\n")
+    assert imported_modules(source) == {"eagle_train.drafts.base"}
