@@ -170,11 +170,9 @@ class MasterWeightAdamW(torch.optim.Optimizer):
         assert self._compiled is not None
         try:
             self._compiled.update(batch, hp)
-        except ValueError:
-            raise
-        except Exception as exc:  # any compiler failure: keep training on torch's kernel
+        except Exception as exc:  # a compiler failure, a non-contiguous tensor: torch's kernel
             warnings.warn(
-                f"MasterWeightAdamW: implementation='compiled' could not compile ({exc!r}); "
+                f"MasterWeightAdamW: implementation='compiled' could not run ({exc!r}); "
                 "falling back to implementation='fused'",
                 RuntimeWarning,
                 stacklevel=3,
