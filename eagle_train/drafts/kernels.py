@@ -89,7 +89,9 @@ class _CausalPlusExtra(torch.autograd.Function):
 def _compiled_flex() -> Callable[..., Tensor]:
     from torch.nn.attention.flex_attention import flex_attention
 
-    return torch.compile(flex_attention, dynamic=False)
+    # Default dynamism: the first new sequence length recompiles with dynamic shapes, so
+    # batches of varying length do not exhaust the recompile limit (and fall to eager flex).
+    return torch.compile(flex_attention)
 
 
 def flex(q: Tensor, k: Tensor, v: Tensor, mask_mod: Callable, batch: int | None) -> Tensor:
