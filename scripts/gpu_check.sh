@@ -79,10 +79,14 @@ except Exception as exc:  # reported; the vLLM steps then fail on their own
 EOF
 }
 
+demo_world() {  # chats for regeneration; on a dry run also the target (barely pretrained)
+  [ -f "$OUT/world/world.json" ] || "$PY" -m eagle_train.cli build-demo-world "$OUT/world" \
+    --config configs/demo/tiny.yaml --set pretrain.steps=2 --set "families=[llama]"
+}
+
 real_target() {  # sets TARGET
   if [ "$DRY" = 1 ]; then
-    [ -f "$OUT/world/world.json" ] || "$PY" -m eagle_train.cli build-demo-world "$OUT/world" \
-      --config configs/demo/tiny.yaml || return 1
+    demo_world || return 1
     TARGET="$OUT/world/targets/llama/bf16"
   elif [ -z "$TARGET" ]; then
     if "$PY" -m eagle_train.cli fetch-real-target --help >/dev/null 2>&1; then
@@ -154,8 +158,7 @@ acceptance() {
 START=$SECONDS
 step "1 environment" environment
 step "real target" real_target
-[ "$DRY" = 1 ] || [ -f "$OUT/world/world.json" ] || "$PY" -m eagle_train.cli build-demo-world \
-  "$OUT/world" --config configs/demo/tiny.yaml >/dev/null
+[ "$DRY" = 1 ] || demo_world >/dev/null
 if [ -n "$TARGET" ]; then
   step "2 train (real target)" train_figures "$TARGET" "$REAL_AUX"
 fi
