@@ -1,16 +1,45 @@
-"""Command-line entry points. Each is thin: load a config, apply overrides, call one function."""
+"""Command-line entry points. Each is thin: load a config, apply overrides, call one function.
+
+One typer app, ``eagle-train``, with every command as a subcommand (``eagle-train train-draft
+-c ...``); each command is also its own console script (``train-draft -c ...``). Adding a
+command is one function decorated with ``@command("name")`` (and, for a console script of
+its own, one line ``name = "eagle_train.cli:name_app"`` under [project.scripts]).
+"""
 
 from __future__ import annotations
 
 import json
 import logging
 import os
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
 from eagle_train.config import ConfigError, load_config
+
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    help="Train speculative-decoding drafts for a frozen target and serve them with vLLM.",
+)
+APPS: dict[str, typer.Typer] = {}  # command name -> its single-command app (console scripts)
+
+
+def command(name: str) -> Callable[[Callable[..., Any]], typer.Typer]:
+    """Register ``fn`` as ``eagle-train NAME`` and return the single-command app for the
+    ``NAME`` console script (its help is the function's docstring)."""
+
+    def register(fn: Callable[..., Any]) -> typer.Typer:
+        app.command(name)(fn)
+        single = typer.Typer(add_completion=False)
+        single.command(name)(fn)
+        APPS[name] = single
+        return single
+
+    return register
+
 
 ConfigOpt = Annotated[Path | None, typer.Option("--config", "-c", help="YAML config file.")]
 SetOpt = Annotated[
@@ -34,11 +63,8 @@ def _fail(exc: Exception) -> typer.Exit:
     return typer.Exit(code=2)
 
 
-build_demo_app = typer.Typer(add_completion=False, help="Build the tiny local demo world.")
-
-
-@build_demo_app.command()
-def build_demo_world(
+@command("build-demo-world")
+def build_demo_app(
     out_dir: Annotated[Path, typer.Argument(help="Where to write the world.")] = Path("demo_world"),
     config: ConfigOpt = None,
     overrides: SetOpt = None,
@@ -66,11 +92,8 @@ def build_demo_world(
     typer.echo(f"demo world written to {out_dir}")
 
 
-prepare_data_app = typer.Typer(add_completion=False, help="Tokenise chats into a training set.")
-
-
-@prepare_data_app.command()
-def prepare_data(
+@command("prepare-data")
+def prepare_data_app(
     config: ConfigOpt = None,
     overrides: SetOpt = None,
     verbose: bool = False,
@@ -91,11 +114,8 @@ def prepare_data(
     typer.echo(report.summary())
 
 
-train_draft_app = typer.Typer(add_completion=False, help="Train a draft model.")
-
-
-@train_draft_app.command()
-def train_draft(
+@command("train-draft")
+def train_draft_app(
     config: Annotated[Path, typer.Option("--config", "-c", help="Run config (YAML).")],
     overrides: SetOpt = None,
     resume: Annotated[
@@ -128,11 +148,8 @@ def train_draft(
         typer.echo(f"last checkpoint: {result.last_checkpoint}")
 
 
-export_draft_app = typer.Typer(add_completion=False, help="Export a draft for vLLM.")
-
-
-@export_draft_app.command()
-def export_draft(
+@command("export-draft")
+def export_draft_app(
     checkpoint: Annotated[Path, typer.Argument(help="A checkpoint directory (step-*).")],
     out_dir: Annotated[Path, typer.Argument(help="Where to write the vLLM drafter.")],
     overwrite: Annotated[bool, typer.Option(help="Replace an existing directory.")] = False,
@@ -149,78 +166,43 @@ def export_draft(
     typer.echo("speculative_config: " + json.dumps(serving_config(out)))
 
 
-eval_acceptance_app = typer.Typer(add_completion=False, help="Acceptance length in vLLM.")
-
-
-@eval_acceptance_app.command()
-def eval_acceptance(
-    target: Annotated[Path, typer.Option(help="The target model directory.")],
-    draft: Annotated[list[Path], typer.Option(help="An exported drafter (repeatable).")],
-    prompts: Annotated[
-        str, typer.Option(help="'mt_bench' or a JSONL of prompts/messages.")
-    ] = "mt_bench",
-    turns: Annotated[int, typer.Option(help="1: first turn; 2: both turns.")] = 2,
-    max_new_tokens: int = 256,
-    num_speculative_tokens: Annotated[
-        int | None, typer.Option(help="Default: what each export was trained for.")
+@command("eval-acceptance")
+def eval_acceptance_app(
+    config: ConfigOpt = None,
+    overrides: SetOpt = None,
+    target: Annotated[Path | None, typer.Option(help="The target model directory.")] = None,
+    draft: Annotated[
+        list[Path] | None, typer.Option(help="An exported drafter (repeatable).")
     ] = None,
-    dtype: Annotated[str, typer.Option(help="Explicit serving dtype.")] = "bfloat16",
-    limit: Annotated[int | None, typer.Option(help="Use the first N prompts.")] = None,
-    max_model_len: Annotated[
-        int | None, typer.Option(help="Default: the target's own limit.")
-    ] = None,
-    kv_cache_memory_bytes: Annotated[
-        int | None,
-        typer.Option(help="vLLM KV cache size; default: vLLM's sizing on GPU, 512 MiB on CPU."),
-    ] = None,
-    out: Annotated[Path, typer.Option(help="Output directory.")] = Path("runs/eval"),
+    out: Annotated[Path | None, typer.Option(help="Output directory (output_dir).")] = None,
+    verbose: bool = False,
 ) -> None:
     """Measure acceptance length (MT-Bench by default: greedy, one request at a time) of
     each drafter next to the target, per category, with the no-draft speed baseline and
-    paired statistics between drafters."""
+    paired statistics between drafters. Settings (evaluate/settings.py) from --config and
+    --set, e.g. --set max_new_tokens=128 --set num_prompts=20; --target, --draft and --out
+    are short for --set target=..., drafters=[...], output_dir=...."""
     from eagle_train.evaluate.drafter import DrafterError
-    from eagle_train.evaluate.harness import EvalSettings, run_eval
+    from eagle_train.evaluate.harness import run_eval
     from eagle_train.evaluate.report import to_markdown, write_report
+    from eagle_train.evaluate.settings import EvalSettings
 
-    _setup_logging(False)
-    settings = EvalSettings(
-        target=target,
-        drafters=list(draft),
-        prompts=prompts,
-        turns=turns,
-        max_new_tokens=max_new_tokens,
-        num_speculative_tokens=num_speculative_tokens,
-        dtype=dtype,
-        limit=limit,
-        max_model_len=max_model_len,
-        kv_cache_memory_bytes=kv_cache_memory_bytes,
-    )
+    _setup_logging(verbose)
+    flags = {"target": target, "drafters": draft or None, "output_dir": out}
+    given = [f"{k}={json.dumps(v, default=str)}" for k, v in flags.items() if v is not None]
     try:
+        settings = load_config(EvalSettings, config, [*given, *(overrides or [])])
         run = run_eval(settings)
-    except (DrafterError, ValueError) as exc:
+    except (ConfigError, DrafterError, ValueError) as exc:
         raise _fail(exc) from None
-    summary = write_report(run, out)
+    summary = write_report(run, settings.output_dir)
     typer.echo(to_markdown(summary))
-    typer.echo(f"per-prompt records, summary.json/.md and acceptance.png in {out}")
-
-
-APPS = {
-    "build-demo-world": build_demo_app,
-    "prepare-data": prepare_data_app,
-    "train-draft": train_draft_app,
-    "export-draft": export_draft_app,
-    "eval-acceptance": eval_acceptance_app,
-}
+    typer.echo(f"per-prompt records, summary.json/.md and acceptance.png in {settings.output_dir}")
 
 
 def main(argv: list[str] | None = None) -> None:
     """``python -m eagle_train.cli <command> ...`` (what torchrun's ``-m`` launches)."""
-    import sys
-
-    argv = sys.argv[1:] if argv is None else argv
-    if not argv or argv[0] not in APPS:
-        raise SystemExit(f"usage: python -m eagle_train.cli {{{','.join(APPS)}}} ...")
-    APPS[argv[0]](argv[1:], prog_name=argv[0])
+    app(argv, prog_name="eagle-train")
 
 
 if __name__ == "__main__":

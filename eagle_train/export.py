@@ -21,11 +21,10 @@ from transformers import AutoConfig, PretrainedConfig
 import eagle_train
 from eagle_train.checkpoint import load_draft_checkpoint
 from eagle_train.drafts.base import DraftSpec, VllmDrafter
+from eagle_train.drafts.contract import PROVENANCE_FILE, contract_problems
 from eagle_train.drafts.registry import get_draft
 from eagle_train.fsutil import atomic_directory
 from eagle_train.run_config import DTYPES, RunConfig
-
-PROVENANCE_FILE = "eagle_train.json"
 
 
 class ExportError(ValueError):
@@ -38,42 +37,6 @@ def validate_drafter(spec: DraftSpec, drafter: VllmDrafter, target: PretrainedCo
     problems = contract_problems(spec, drafter.config, tensors, target)
     if problems:
         raise ExportError("the drafter does not match vLLM's contract:\n  " + "\n  ".join(problems))
-
-
-def contract_problems(
-    spec: DraftSpec,
-    config: dict[str, Any],
-    tensors: dict[str, tuple[tuple[int, ...], torch.dtype]],
-    target: PretrainedConfig,
-) -> list[str]:
-    """Every way ``config`` + tensors (name -> (shape, dtype)) break vLLM's contract for the
-    given target: missing/unexpected/mis-shaped tensors, vocab or hidden size mismatches."""
-    if config.get("vocab_size") != target.vocab_size:
-        return [
-            f"config vocab_size {config.get('vocab_size')} != the target's vocab size "
-            f"{target.vocab_size}: the drafter was made for another target"
-        ]
-    if config.get("target_hidden_size", target.hidden_size) != target.hidden_size:
-        return [
-            f"config target_hidden_size {config['target_hidden_size']} != the target's "
-            f"hidden size {target.hidden_size}: the drafter was made for another target"
-        ]
-    if not config.get("architectures"):
-        return ["config has no architectures"]
-    try:
-        required, optional = spec.expected_tensors(config)
-    except KeyError as exc:
-        return [f"config.json lacks the key {exc.args[0]!r}"]
-    problems = [f"missing tensor {n} {list(s)}" for n, s in required.items() if n not in tensors]
-    for name, (shape, dtype) in tensors.items():
-        expected = required.get(name, optional.get(name))
-        if expected is None:
-            problems.append(f"unexpected tensor {name} (vLLM would reject or ignore it)")
-        elif tuple(shape) != tuple(expected):
-            problems.append(f"tensor {name} has shape {list(shape)}, expected {list(expected)}")
-        elif name == "d2t" and dtype != torch.int64:
-            problems.append("d2t must be int64 offsets")
-    return problems
 
 
 def export_draft(checkpoint: str | Path, out_dir: str | Path, overwrite: bool = False) -> Path:

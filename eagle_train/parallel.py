@@ -15,7 +15,7 @@ import datetime
 import os
 from contextlib import nullcontext
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import torch
 import torch.distributed as dist
@@ -112,7 +112,7 @@ def full_model_state(model: nn.Module) -> dict[str, torch.Tensor]:
     """Unsharded model state on CPU, keyed by parameter name, whatever the wrapping (so a
     checkpoint resumes under DDP, FSDP2 or one process alike). A collective under FSDP2:
     every rank calls it; only rank 0 gets the values."""
-    return get_model_state_dict(model, options=_FULL)
+    return cast(dict[str, torch.Tensor], get_model_state_dict(model, options=_FULL))
 
 
 def full_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:

@@ -6,10 +6,11 @@ from pathlib import Path
 from typing import Literal
 
 import torch
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from eagle_train.config import StrictModel
-from eagle_train.drafts.registry import DraftConfig
+from eagle_train.drafts.registry import DraftConfig, get_draft
+from eagle_train.evaluate.settings import TrainAcceptance
 from eagle_train.optim import OptimConfig
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
@@ -55,14 +56,7 @@ class TrainSection(StrictModel):
     dist_timeout_s: float = Field(default=600.0, gt=0)  # collectives, when no agent stops us
     tensorboard: bool = True
     progress: bool = True
-    # Every N steps (and at the end) serve the current draft in vLLM (needs the vllm extra)
-    # on a few prompts, log its acceptance length, keep the best checkpoint under best/.
-    acceptance_every: int | None = Field(default=None, ge=1)
-    acceptance_prompts: str = "mt_bench"  # or a JSONL of prompts/messages
-    acceptance_num_prompts: int = Field(default=16, ge=1)
-    acceptance_max_new_tokens: int = Field(default=128, ge=1)
-    acceptance_max_model_len: int | None = 2048
-    acceptance_kv_cache_bytes: int | None = 256 * 2**20
+    acceptance: TrainAcceptance = TrainAcceptance()  # vLLM acceptance length while training
 
 
 class RunConfig(StrictModel):
@@ -71,6 +65,16 @@ class RunConfig(StrictModel):
     draft: DraftConfig
     optim: OptimConfig = OptimConfig()
     train: TrainSection
+
+    @model_validator(mode="after")
+    def _draft_vocab_is_used(self) -> RunConfig:
+        name = self.draft.algorithm
+        if self.data.draft_vocab_size is not None and not get_draft(name).uses_draft_vocab:
+            raise ValueError(
+                f"data.draft_vocab_size is set, but the {name} draft has no draft vocabulary "
+                "(it predicts over the target's whole vocabulary): remove the key"
+            )
+        return self
 
 
 def resolve_device(name: str) -> torch.device:

@@ -52,7 +52,7 @@ if [ "$DRY" = 1 ]; then
   export VLLM_ENABLE_V1_MULTIPROCESSING=0 HF_HUB_OFFLINE=1
   DEVICE=cpu SEQ=128 K=2 ANCHORS=8 BLOCK=4 STEPS=1 SIZES=1M BIG=llama3-8b-mini
   CHATS=4 GEN_TOKENS=16 TRAIN_STEPS=2 EVAL_LIMIT=1 EVAL_TOKENS=8 KV="--set regenerate.kv_cache_memory_bytes=67108864"
-  EVAL_KV="--kv-cache-memory-bytes 67108864" MAXLEN=256
+  EVAL_KV="--set kv_cache_memory_bytes=67108864" MAXLEN=256
   REAL_AUX="1 2 3" BIG_AUX="1 2 3" TRAIN_AUX="[1,2,3]"
 else
   DEVICE=cuda SEQ=2048 K=7 ANCHORS=512 BLOCK=16 STEPS=3 SIZES=100M,300M BIG=llama3-8b
@@ -152,7 +152,8 @@ acceptance() {
   ckpt=$(ls -d "$OUT"/eagle3/checkpoints/step-* | tail -1)
   "$PY" -m eagle_train.cli export-draft "$ckpt" "$OUT/drafter" --overwrite || return 1
   "$PY" -m eagle_train.cli eval-acceptance --target "$TARGET" --draft "$OUT/drafter" \
-    --turns 1 --limit "$EVAL_LIMIT" --max-new-tokens "$EVAL_TOKENS" $EVAL_KV --out "$OUT/eval"
+    --set turns=1 --set num_prompts="$EVAL_LIMIT" --set max_new_tokens="$EVAL_TOKENS" $EVAL_KV \
+    --out "$OUT/eval"
 }
 
 START=$SECONDS

@@ -5,7 +5,7 @@
 #   3. prepare the data: the target regenerates the answers, a 1024-token draft vocabulary
 #   4. train an EAGLE-3 draft (K=3), export it for vLLM
 #   5. serve target + drafter in vLLM on held-out prompts and report the acceptance length
-#      (eval-acceptance; without --prompts it runs MT-Bench)
+#      (eval-acceptance; without --set prompts=... it runs MT-Bench)
 # FAMILY=qwen3 bash scripts/quickstart.sh does the same for the Qwen3 target.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -26,5 +26,5 @@ train-draft -c configs/train/eagle3-$FAMILY-demo.yaml --resume auto  # continues
 RUN=runs/eagle3-$FAMILY-demo
 export-draft "$(ls -d $RUN/checkpoints/step-* | tail -1)" $RUN/drafter --overwrite
 eval-acceptance --target runs/demo_world/targets/$FAMILY/bf16 --draft $RUN/drafter \
-    --prompts runs/demo_world/data/val.jsonl --turns 1 --limit 40 --max-new-tokens 128 \
-    --out $RUN/eval
+    --set prompts=runs/demo_world/data/val.jsonl --set turns=1 --set num_prompts=40 \
+    --set max_new_tokens=128 --out $RUN/eval

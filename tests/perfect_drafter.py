@@ -49,13 +49,14 @@ from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import AutoConfig, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 from eagle_train.drafts.base import VllmDrafter
+from eagle_train.drafts.contract import PROVENANCE_FILE
 from eagle_train.drafts.eagle1.config import Eagle1Config
 from eagle_train.drafts.eagle1.export import expected_tensors as eagle1_tensors
 from eagle_train.drafts.eagle1.export import vllm_config as eagle1_config
 from eagle_train.drafts.eagle3.config import Eagle3Config
 from eagle_train.drafts.eagle3.export import expected_tensors, vllm_config
 from eagle_train.drafts.registry import get_draft
-from eagle_train.export import PROVENANCE_FILE, validate_drafter
+from eagle_train.export import validate_drafter
 
 VOCAB = 96
 HIDDEN = 64

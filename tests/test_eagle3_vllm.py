@@ -34,12 +34,12 @@ def trained(request: pytest.FixtureRequest, tiny_world: Path, tmp_path_factory) 
     overrides = [
         "train.max_steps=150",
         f"draft.ttt_steps={K}",
-        "train.acceptance_every=75",
-        f"train.acceptance_prompts={tiny_world / 'data' / 'val.jsonl'}",
-        "train.acceptance_num_prompts=4",
-        "train.acceptance_max_new_tokens=32",
-        "train.acceptance_max_model_len=512",
-        f"train.acceptance_kv_cache_bytes={64 * 2**20}",
+        "train.acceptance.every=75",
+        f"train.acceptance.prompts={tiny_world / 'data' / 'val.jsonl'}",
+        "train.acceptance.num_prompts=4",
+        "train.acceptance.max_new_tokens=32",
+        "train.acceptance.max_model_len=512",
+        f"train.acceptance.kv_cache_memory_bytes={64 * 2**20}",
     ]
     return train_and_export(tiny_world, family, root, "eagle3", overrides)
 

@@ -23,12 +23,13 @@ ALLOWED: dict[str, set[str]] = {
     "demo": {"config", "fsutil"},
     "data": {"config", "fsutil", "engine"},
     "drafts": {"config", "data", "target"},
-    "run_config": {"config", "data", "drafts", "optim", "engine"},
+    "evaluate": {"config", "drafts", "engine", "target"},  # needs no training code
+    "run_config": {"config", "data", "drafts", "evaluate", "optim", "engine"},
     "checkpoint": {"config", "data", "fsutil", "run_config"},
     "export": {"checkpoint", "drafts", "fsutil", "run_config"},
-    "evaluate": {"config", "drafts", "engine", "export", "run_config", "target"},
+    "acceptance_probe": {"evaluate", "export", "run_config"},  # vLLM AL during training
     "train": {
-        *("checkpoint", "config", "data", "drafts", "evaluate", "metrics"),
+        *("acceptance_probe", "checkpoint", "config", "data", "drafts", "metrics"),
         *("optim", "parallel", "run_config", "target"),
     },
     "cli": {
@@ -86,7 +87,7 @@ def test_declared_layers_have_no_cycle() -> None:
     except CycleError as exc:
         raise AssertionError(f"the allowed arrows form a cycle: {exc.args[1]}") from exc
     assert order.index("engine") < order.index("data") < order.index("drafts")
-    assert order.index("engine") < order.index("evaluate")
+    assert order.index("engine") < order.index("evaluate") < order.index("run_config")
 
 
 def test_the_checker_sees_lazy_imports(tmp_path: Path) -> None:

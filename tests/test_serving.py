@@ -23,9 +23,9 @@ def test_cuda_keeps_vllm_defaults():
 def test_cpu_is_eager_with_explicit_kv_cache():
     assert engine_defaults(False, None) == {
         "enforce_eager": True,
-        "kv_cache_memory_bytes": 512 * 2**20,
+        "kv_cache_memory_bytes": 256 * 2**20,
     }
-    assert CPU_KV_CACHE_BYTES == 512 * 2**20
+    assert CPU_KV_CACHE_BYTES == 256 * 2**20
     assert engine_defaults(False, 2**26) == {"enforce_eager": True, "kv_cache_memory_bytes": 2**26}
 
 

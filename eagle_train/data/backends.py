@@ -10,7 +10,7 @@ import gc
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal, Protocol
+from typing import Any, Literal, Protocol
 
 import torch
 
@@ -87,7 +87,7 @@ class TransformersBackend:
 
         self.settings = settings
         self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-        self.model = AutoModelForCausalLM.from_pretrained(
+        self.model: Any = AutoModelForCausalLM.from_pretrained(
             str(model), dtype=getattr(torch, settings.dtype)
         )
         self.model.to(self.device).eval()

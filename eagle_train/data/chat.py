@@ -23,7 +23,7 @@ from __future__ import annotations
 import hashlib
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import jinja2
 
@@ -107,11 +107,14 @@ class ChatRenderer:
         from transformers.utils.chat_template_utils import render_jinja_template
 
         try:
-            rendered, indices = render_jinja_template(
-                conversations=[messages],
-                chat_template=self.template,
-                return_assistant_tokens_mask=True,
-                **self.tokenizer.special_tokens_map,
+            rendered, indices = cast(
+                tuple[list[str], list[list[Span]]],
+                render_jinja_template(
+                    conversations=[messages],
+                    chat_template=self.template,
+                    return_assistant_tokens_mask=True,
+                    **self.tokenizer.special_tokens_map,
+                ),
             )
         except jinja2.TemplateError as exc:
             raise DataError(

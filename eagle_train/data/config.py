@@ -11,7 +11,7 @@ from eagle_train.config import StrictModel
 
 
 class RegenerateConfig(StrictModel):
-    """Replace every assistant turn with the target's own response (ALGORITHMS.md)."""
+    """Replace every assistant turn with the target's own response (docs/data-flow.md)."""
 
     enabled: bool = False
     # The target model directory; None -> the `tokenizer` path (usually the model directory).
@@ -34,7 +34,7 @@ class RegenerateConfig(StrictModel):
     max_model_len: int | None = Field(default=None, gt=0)
     # A conversation whose last message is a user turn gets a generated answer appended.
     answer_trailing_user: bool = True
-    # vLLM KV-cache size; None -> vLLM's own sizing (on CPU set it, e.g. 67108864).
+    # vLLM KV-cache size; None -> the engine's default (eagle_train.engine.resolve_kv_cache_bytes).
     kv_cache_memory_bytes: int | None = Field(default=None, gt=0)
     # Several GPUs: engines that each hold the whole target, one per GPU (prompts split
     # between them; the output equals one engine's), and/or one engine tensor-parallel

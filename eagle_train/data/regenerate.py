@@ -291,8 +291,9 @@ def _generate_isolating(
             results.extend(backend.generate([prompt], [limit], [seed]))
         except Exception as exc:
             results.append(exc)
-    if all(isinstance(r, Exception) for r in results):
-        raise results[-1]  # every prompt failed alone: the backend is broken, not the data
+    failures = [r for r in results if isinstance(r, Exception)]
+    if len(failures) == len(results):
+        raise failures[-1]  # every prompt failed alone: the backend is broken, not the data
     return results
 
 

@@ -72,9 +72,9 @@ def _build_into(cfg: DemoConfig, root: Path) -> dict:
     records = build_corpus(cfg.seed, cfg.num_tasks, cfg.max_stdlib_pairs, cfg.max_stdlib_files)
     train, val = split_corpus(records, cfg.val_fraction)
     (root / "data").mkdir()
-    for name, rows in (("train", train), ("val", val)):
+    for name, chats in (("train", train), ("val", val)):
         with open(root / "data" / f"{name}.jsonl", "w") as f:
-            f.writelines(json.dumps(r) + "\n" for r in rows)
+            f.writelines(json.dumps(r) + "\n" for r in chats)
     log.info("corpus: %d train / %d val chats", len(train), len(val))
 
     texts = [m["content"] for r in train for m in r["messages"]]

@@ -37,6 +37,9 @@ class DraftSpec(Protocol):
     name: str
     config_cls: type[StrictModel]
     vllm_method: str  # speculative_config.method its exports are served with
+    # Whether the draft has a vocabulary of its own (d2t/t2d); False: it predicts over the
+    # target's whole vocabulary through the target's head.
+    uses_draft_vocab: bool
 
     def recognizes(self, config: dict[str, Any]) -> bool:
         """Whether a drafter config.json (from any exporter) is this algorithm's format."""

@@ -87,7 +87,7 @@ def layer_tensors(
     heads, kv = config["num_attention_heads"], config["num_key_value_heads"]
     width = in_width or h
     p = f"layers.{index}."
-    shapes = {p + "input_layernorm.weight": (h,)} if input_norm else {}
+    shapes: dict[str, tuple[int, ...]] = {p + "input_layernorm.weight": (h,)} if input_norm else {}
     shapes.update(
         {
             p + "self_attn.q_proj.weight": (heads * d, width),

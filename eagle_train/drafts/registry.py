@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from types import MappingProxyType
-from typing import Annotated, Any, Union
+from typing import TYPE_CHECKING, Annotated, Any, Union
 
 from pydantic import Field
 
@@ -48,8 +48,11 @@ def identify_drafter(config: dict[str, Any], method: str | None = None) -> Draft
 
 _configs = tuple(spec.config_cls for spec in DRAFTS.values())
 # The `draft:` section of a run config: the algorithm's own config, picked by `algorithm`.
-DraftConfig = (
-    _configs[0]
-    if len(_configs) == 1
-    else Annotated[Union[_configs], Field(discriminator="algorithm")]  # noqa: UP007
-)
+if TYPE_CHECKING:  # a union built at run time from the registry: any one algorithm's config
+    DraftConfig = Any
+else:
+    DraftConfig = (
+        _configs[0]
+        if len(_configs) == 1
+        else Annotated[Union[_configs], Field(discriminator="algorithm")]  # noqa: UP007
+    )

@@ -4,12 +4,20 @@ speculative-decoding counters. Below both ``data`` (regeneration) and ``evaluate
 when an engine opens."""
 
 from eagle_train.engine.counters import SpecCounters, read_counters
-from eagle_train.engine.vllm_engine import Measured, VllmEngine, vllm_available
+from eagle_train.engine.vllm_engine import (
+    CPU_KV_CACHE_BYTES,
+    Measured,
+    VllmEngine,
+    resolve_kv_cache_bytes,
+    vllm_available,
+)
 
 __all__ = [
+    "CPU_KV_CACHE_BYTES",
     "Measured",
     "SpecCounters",
     "VllmEngine",
     "read_counters",
+    "resolve_kv_cache_bytes",
     "vllm_available",
 ]

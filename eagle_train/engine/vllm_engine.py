@@ -21,8 +21,18 @@ from eagle_train.engine.counters import SpecCounters, read_counters
 
 logger = logging.getLogger(__name__)
 
-# KV cache on CPU when none is given (vLLM's own CPU default is ~7 GiB).
-CPU_KV_CACHE_BYTES = 512 * 2**20
+# The one KV-cache default: on CPU vLLM would otherwise reserve ~7 GiB; 256 MiB holds several
+# thousand tokens of a small target. On GPU None lets vLLM size the cache from free memory.
+CPU_KV_CACHE_BYTES = 256 * 2**20
+
+
+def resolve_kv_cache_bytes(requested: int | None, cuda: bool | None = None) -> int | None:
+    """``requested`` if set; else the CPU default without CUDA, else None (vLLM's sizing)."""
+    if requested is not None:
+        return requested
+    if cuda is None:
+        cuda = cuda_available()
+    return None if cuda else CPU_KV_CACHE_BYTES
 
 
 class Measured(NamedTuple):
@@ -50,12 +60,10 @@ def cuda_available() -> bool:
 def engine_defaults(cuda: bool, kv_cache_memory_bytes: int | None) -> dict[str, Any]:
     """The device-dependent engine arguments: none on CUDA (CUDA graphs, KV cache from
     ``gpu_memory_utilization``) unless a KV size is given; eager and a KV size on CPU."""
-    out: dict[str, Any] = {}
-    if not cuda:
-        out["enforce_eager"] = True
-        kv_cache_memory_bytes = kv_cache_memory_bytes or CPU_KV_CACHE_BYTES
-    if kv_cache_memory_bytes is not None:
-        out["kv_cache_memory_bytes"] = kv_cache_memory_bytes
+    out: dict[str, Any] = {} if cuda else {"enforce_eager": True}
+    kv_bytes = resolve_kv_cache_bytes(kv_cache_memory_bytes, cuda)
+    if kv_bytes is not None:
+        out["kv_cache_memory_bytes"] = kv_bytes
     return out
 
 
@@ -67,7 +75,7 @@ class VllmEngine:
         model: str | Path,
         dtype: str,
         max_model_len: int | None = 2048,
-        kv_cache_memory_bytes: int | None = None,
+        kv_cache_memory_bytes: int | None = None,  # see resolve_kv_cache_bytes
         seed: int = 0,
         speculative_config: dict[str, Any] | None = None,
         tokenizer: str | Path | None = None,

@@ -13,8 +13,8 @@ from safetensors import safe_open
 from transformers import PretrainedConfig
 
 from eagle_train.drafts.base import DraftSpec
+from eagle_train.drafts.contract import PROVENANCE_FILE, contract_problems
 from eagle_train.drafts.registry import identify_drafter
-from eagle_train.export import PROVENANCE_FILE, contract_problems
 
 
 class DrafterError(ValueError):

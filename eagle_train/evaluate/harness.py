@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from transformers import AutoConfig, AutoTokenizer
@@ -23,29 +22,9 @@ from eagle_train.engine.vllm_engine import Measured, cuda_available
 from eagle_train.evaluate.drafter import DrafterInfo, inspect_drafter
 from eagle_train.evaluate.prompts import EvalPrompt, load_prompts
 from eagle_train.evaluate.rounds import Round, interleave
+from eagle_train.evaluate.settings import EvalSettings
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class EvalSettings:
-    target: Path
-    drafters: list[Path]
-    prompts: str = "mt_bench"
-    turns: int = 2  # 1: first turn only; 2: both turns
-    max_new_tokens: int = 256
-    num_speculative_tokens: int | None = None  # None: what each export was trained for
-    dtype: str = "bfloat16"
-    limit: int | None = None
-    max_model_len: int | None = None  # None: the target's own limit
-    # vLLM's KV cache; None lets vLLM size it (GPU). On CPU set it (vLLM would take ~7 GiB).
-    kv_cache_memory_bytes: int | None = None
-    ignore_eos: bool = False
-    baseline: bool = True  # also run the target alone (needed for speedup and for turn 2)
-    # Requests per measurement round; target and drafter alternate round by round.
-    round_size: int = 8
-    # vLLM's GPU memory share per engine; None: 0.9 split between the engines alive at once.
-    gpu_memory_utilization: float | None = None
 
 
 @dataclass
@@ -64,8 +43,6 @@ class EvalRun:
 
 
 def run_eval(settings: EvalSettings) -> EvalRun:
-    if settings.turns not in (1, 2):
-        raise ValueError(f"turns must be 1 or 2, got {settings.turns}")
     if settings.turns == 2 and not settings.baseline:
         raise ValueError("turn 2 is asked with the target's own first answer: keep the baseline")
     target_config = AutoConfig.from_pretrained(settings.target)
@@ -74,7 +51,7 @@ def run_eval(settings: EvalSettings) -> EvalRun:
         for d in settings.drafters
     ]
     tokenizer = AutoTokenizer.from_pretrained(settings.target)
-    prompts = load_prompts(settings.prompts, settings.limit)
+    prompts = load_prompts(settings.prompts, settings.num_prompts)
     run = EvalRun(settings=settings, drafters=infos)
     first = [Request(p, 1, _render(tokenizer, p, [])) for p in prompts]
     if not settings.baseline:  # drafters alone (acceptance during training): no speed ratio

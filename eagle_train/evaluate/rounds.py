@@ -53,7 +53,7 @@ def interleave(
     prompt order and the rounds."""
     target_out: list[Measured] = []
     drafter_out: list[Measured] = []
-    rounds = []
+    rounds: list[Round] = []
     for r, start in enumerate(range(0, len(prompts), round_size)):
         chunk = prompts[start : start + round_size]
         target_first = r % 2 == 0
@@ -87,7 +87,7 @@ def speedup_summary(rounds: list[Round], tokens_per_target_step: float) -> dict[
         q1 = q3 = ratios[0]
     median = statistics.median(ratios)
     fault = median > tokens_per_target_step
-    out = {
+    out: dict[str, Any] = {
         "rounds": len(ratios),
         "median": median,
         "q1": q1,

@@ -2,8 +2,8 @@
 
 The model, its gradients, the DDP/FSDP gradient reduction and the exported drafter all
 stay in the storage dtype (bf16); only the optimizer holds fp32 (12 bytes per param:
-master, exp_avg, exp_avg_sq; fp32 params get no master). See ALGORITHMS.md, "Master-weight
-AdamW", for why and for the contract this file implements.
+master, exp_avg, exp_avg_sq; fp32 params get no master). See docs/precision.md for why and for the
+contract this file implements.
 """
 
 from __future__ import annotations

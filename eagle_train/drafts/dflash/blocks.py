@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-# Published position-weight decay per block size (ALGORITHMS.md).
+# Published position-weight decay per block size (docs/algorithms/dflash.md).
 _GAMMA_POINTS = ((8, 4.0), (10, 5.0), (16, 7.0))
 
 

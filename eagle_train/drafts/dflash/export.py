@@ -1,4 +1,4 @@
-"""DFlash -> vLLM ``method="dflash"`` (VLLM_CONTRACT.md): config.json and tensor names."""
+"""DFlash -> vLLM ``method="dflash"`` (docs/algorithms/dflash.md): config.json and tensor names."""
 
 from __future__ import annotations
 

@@ -31,6 +31,7 @@ class DFlashSpec:
     name = "dflash"
     config_cls = DFlashConfig
     vllm_method = "dflash"
+    uses_draft_vocab = False
 
     def recognizes(self, config: dict[str, Any]) -> bool:
         archs = config.get("architectures") or []

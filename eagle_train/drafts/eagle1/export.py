@@ -1,4 +1,4 @@
-"""EAGLE-1 -> vLLM ``method="eagle"`` (VLLM_CONTRACT.md): a plain Llama config.
+"""EAGLE-1 -> vLLM ``method="eagle"`` (docs/algorithms/eagle1.md): a plain Llama config.
 
 vLLM has only a Llama-style EAGLE-1 drafter (it renames LlamaForCausalLM to
 EagleLlamaForCausalLM), so the draft uses Llama layers whatever the target's family; only

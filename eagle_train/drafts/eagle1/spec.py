@@ -34,6 +34,7 @@ class Eagle1Spec:
     name = "eagle1"
     config_cls = Eagle1Config
     vllm_method = "eagle"
+    uses_draft_vocab = False
 
     def recognizes(self, config: dict[str, Any]) -> bool:
         archs = config.get("architectures") or []

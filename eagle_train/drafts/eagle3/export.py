@@ -1,4 +1,4 @@
-"""EAGLE-3 -> vLLM ``method="eagle3"`` (VLLM_CONTRACT.md): config.json and tensor names."""
+"""EAGLE-3 -> vLLM ``method="eagle3"`` (docs/algorithms/eagle3.md): config.json and tensor names."""
 
 from __future__ import annotations
 

@@ -22,6 +22,7 @@ class Eagle3Spec:
     name = "eagle3"
     config_cls = Eagle3Config
     vllm_method = "eagle3"
+    uses_draft_vocab = True
 
     def recognizes(self, config: dict[str, Any]) -> bool:
         archs = config.get("architectures") or []

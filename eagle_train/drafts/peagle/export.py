@@ -1,4 +1,4 @@
-"""P-EAGLE -> vLLM ``method="eagle3"`` with ``parallel_drafting: true`` (VLLM_CONTRACT.md):
+"""P-EAGLE -> vLLM ``method="eagle3"`` with ``parallel_drafting: true`` (docs/algorithms/peagle.md):
 the EAGLE-3 config and tensors plus ``mask_token_id``, ``mask_hidden`` and ``embed_tokens``
 (carrying the trained mask row), and the ordinary layers after the fused one."""
 

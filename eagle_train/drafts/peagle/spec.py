@@ -34,6 +34,7 @@ class PEagleSpec:
     name = "peagle"
     config_cls = PEagleConfig
     vllm_method = "eagle3"
+    uses_draft_vocab = True
 
     def recognizes(self, config: dict[str, Any]) -> bool:
         return bool(config.get("parallel_drafting")) and "mask_token_id" in config

@@ -11,8 +11,9 @@ from typing import Any
 
 from torch import Tensor
 
-from eagle_train.evaluate.harness import EvalSettings, run_eval
+from eagle_train.evaluate.harness import run_eval
 from eagle_train.evaluate.report import summarize
+from eagle_train.evaluate.settings import EvalSettings
 from eagle_train.export import export_state
 from eagle_train.run_config import RunConfig
 
@@ -22,7 +23,7 @@ log = logging.getLogger(__name__)
 class AcceptanceProbe:
     def __init__(self, cfg: RunConfig, out_dir: Path) -> None:
         self.cfg = cfg
-        self.every = cfg.train.acceptance_every
+        self.every = cfg.train.acceptance.every
         self.drafter_dir = out_dir / "acceptance" / "drafter"
         self.best = float("-inf")
 
@@ -34,18 +35,12 @@ class AcceptanceProbe:
         metrics."""
         state = {k: v.detach().cpu() for k, v in draft_state.items()}
         export_state(state, self.cfg, self.drafter_dir, {"step": step}, overwrite=True)
-        t = self.cfg.train
         settings = EvalSettings(
+            **self.cfg.train.acceptance.model_dump(exclude={"every"}),
             target=self.cfg.target.path,
             drafters=[self.drafter_dir],
-            prompts=t.acceptance_prompts,
-            turns=1,
-            limit=t.acceptance_num_prompts,
-            max_new_tokens=t.acceptance_max_new_tokens,
             dtype=self.cfg.target.dtype,
-            max_model_len=t.acceptance_max_model_len,
             baseline=False,
-            kv_cache_memory_bytes=t.acceptance_kv_cache_bytes,
         )
         overall: dict[str, Any] = summarize(run_eval(settings))["drafters"][str(self.drafter_dir)][
             "overall"

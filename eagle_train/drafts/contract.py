@@ -1,0 +1,50 @@
+"""An exported drafter directory as vLLM reads it: the exporter's provenance file (how to
+serve it) and the check of its config and tensors against vLLM's contract for a target.
+Shared by the exporter (before writing) and the evaluation (before an engine starts)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from transformers import PretrainedConfig
+
+from eagle_train.drafts.base import DraftSpec
+
+PROVENANCE_FILE = "eagle_train.json"
+
+
+def contract_problems(
+    spec: DraftSpec,
+    config: dict[str, Any],
+    tensors: dict[str, tuple[tuple[int, ...], torch.dtype]],
+    target: PretrainedConfig,
+) -> list[str]:
+    """Every way ``config`` + tensors (name -> (shape, dtype)) break vLLM's contract for the
+    given target: missing/unexpected/mis-shaped tensors, vocab or hidden size mismatches."""
+    if config.get("vocab_size") != target.vocab_size:
+        return [
+            f"config vocab_size {config.get('vocab_size')} != the target's vocab size "
+            f"{target.vocab_size}: the drafter was made for another target"
+        ]
+    if config.get("target_hidden_size", target.hidden_size) != target.hidden_size:
+        return [
+            f"config target_hidden_size {config['target_hidden_size']} != the target's "
+            f"hidden size {target.hidden_size}: the drafter was made for another target"
+        ]
+    if not config.get("architectures"):
+        return ["config has no architectures"]
+    try:
+        required, optional = spec.expected_tensors(config)
+    except KeyError as exc:
+        return [f"config.json lacks the key {exc.args[0]!r}"]
+    problems = [f"missing tensor {n} {list(s)}" for n, s in required.items() if n not in tensors]
+    for name, (shape, dtype) in tensors.items():
+        expected = required.get(name, optional.get(name))
+        if expected is None:
+            problems.append(f"unexpected tensor {name} (vLLM would reject or ignore it)")
+        elif tuple(shape) != tuple(expected):
+            problems.append(f"tensor {name} has shape {list(shape)}, expected {list(expected)}")
+        elif name == "d2t" and dtype != torch.int64:
+            problems.append("d2t must be int64 offsets")
+    return problems

@@ -1,0 +1,53 @@
+"""How acceptance length is measured in vLLM: one schema, every default written once.
+
+``AcceptanceSettings`` is the measurement (prompts, lengths, engine sizes). ``EvalSettings`` is
+the ``eval-acceptance`` config (the measurement plus target, drafters and output), and the run
+config nests ``TrainAcceptance`` (the measurement plus how often) as ``train.acceptance``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field
+
+from eagle_train.config import StrictModel
+
+
+class AcceptanceSettings(StrictModel):
+    prompts: str = "mt_bench"  # or a JSONL of prompts/messages
+    num_prompts: int | None = Field(default=None, ge=1)  # the first N prompts; None: all
+    turns: Literal[1, 2] = 2  # 1: first turn only; 2: both turns
+    max_new_tokens: int = Field(default=256, ge=1)
+    num_speculative_tokens: int | None = Field(default=None, ge=1)  # None: the export's own
+    max_model_len: int | None = Field(default=None, ge=16)  # None: the target's own limit
+    # None: vLLM sizes the cache on GPU; on CPU the engine's default (eagle_train.engine).
+    kv_cache_memory_bytes: int | None = Field(default=None, gt=0)
+    ignore_eos: bool = False
+
+
+class EvalSettings(AcceptanceSettings):
+    """The ``eval-acceptance`` config."""
+
+    target: Path
+    drafters: list[Path] = Field(min_length=1)
+    dtype: Literal["bfloat16", "float16", "float32"] = "bfloat16"  # explicit, never "auto"
+    baseline: bool = True  # also run the target alone (needed for speedup and for turn 2)
+    output_dir: Path = Path("runs/eval")
+    # Requests per measurement round: the target alone and each drafter take turns round by
+    # round (each engine in its own process), so a load change hits both sides of a round.
+    round_size: int = Field(default=8, ge=1)
+    # vLLM's GPU memory share per engine; None: 0.9 split between the engines alive at once.
+    gpu_memory_utilization: float | None = Field(default=None, gt=0, le=1)
+
+
+class TrainAcceptance(AcceptanceSettings):
+    """``train.acceptance``: every ``every`` steps (and at the end) the current draft is served
+    next to the target (needs the vllm extra); the best checkpoint is kept under best/. Only
+    first turns (turn 2 needs the target-alone answers, which the probe does not serve), and by
+    default a small prompt set, so a measurement costs little training time."""
+
+    every: int | None = Field(default=None, ge=1)  # None: never
+    turns: Literal[1] = 1
+    num_prompts: int | None = Field(default=16, ge=1)
