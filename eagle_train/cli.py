@@ -133,6 +133,7 @@ def train_draft_app(
     from eagle_train.checkpoint import CheckpointError
     from eagle_train.data.errors import DataError
     from eagle_train.run_config import RunConfig
+    from eagle_train.target import TargetError
     from eagle_train.train import NonFiniteLossError, train
 
     _setup_logging(verbose)
@@ -141,7 +142,7 @@ def train_draft_app(
     try:
         cfg = load_config(RunConfig, config, overrides)
         result = train(cfg)
-    except (ConfigError, DataError, CheckpointError, NonFiniteLossError) as exc:
+    except (ConfigError, DataError, CheckpointError, NonFiniteLossError, TargetError) as exc:
         raise _fail(exc) from None
     if os.environ.get("RANK", "0") == "0":
         typer.echo(json.dumps(result.final_metrics, indent=2))
@@ -153,17 +154,36 @@ def export_draft_app(
     checkpoint: Annotated[Path, typer.Argument(help="A checkpoint directory (step-*).")],
     out_dir: Annotated[Path, typer.Argument(help="Where to write the vLLM drafter.")],
     overwrite: Annotated[bool, typer.Option(help="Replace an existing directory.")] = False,
+    format: Annotated[
+        str,
+        typer.Option(
+            help="'vllm': vLLM's native drafter (serve with --speculative-config); "
+            "'speculators': the vllm-project/speculators format (vllm serve OUT_DIR)."
+        ),
+    ] = "vllm",
+    verifier: Annotated[
+        str | None,
+        typer.Option(
+            help="Target name recorded for serving, e.g. its hub id (default: the "
+            "training target path)."
+        ),
+    ] = None,
 ) -> None:
-    """Write a bf16 drafter vLLM serves as is, after checking it against vLLM's contract."""
-    from eagle_train.export import ExportError, export_draft, serving_config
+    """Write a drafter vLLM serves as is, after checking it against vLLM's contract, with a
+    model card (README.md) holding the exact vllm serve command."""
+    from eagle_train.export import ExportError, export_draft
+    from eagle_train.model_card import serve_command
 
     _setup_logging(False)
+    if format not in ("vllm", "speculators"):
+        raise _fail(ValueError(f"--format {format!r}: expected 'vllm' or 'speculators'"))
     try:
-        out = export_draft(checkpoint, out_dir, overwrite=overwrite)
+        out = export_draft(checkpoint, out_dir, overwrite, format, verifier)  # type: ignore[arg-type]
     except (ConfigError, ExportError, FileExistsError, FileNotFoundError) as exc:
         raise _fail(exc) from None
     typer.echo(f"drafter written to {out}")
-    typer.echo("speculative_config: " + json.dumps(serving_config(out)))
+    provenance = json.loads((out / "eagle_train.json").read_text())
+    typer.echo("serve: " + serve_command(provenance, out.resolve()))
 
 
 @command("eval-acceptance")
@@ -186,6 +206,7 @@ def eval_acceptance_app(
     from eagle_train.evaluate.harness import run_eval
     from eagle_train.evaluate.report import to_markdown, write_report
     from eagle_train.evaluate.settings import EvalSettings
+    from eagle_train.model_card import record_acceptance
 
     _setup_logging(verbose)
     flags = {"target": target, "drafters": draft or None, "output_dir": out}
@@ -196,6 +217,8 @@ def eval_acceptance_app(
     except (ConfigError, DrafterError, ValueError) as exc:
         raise _fail(exc) from None
     summary = write_report(run, settings.output_dir)
+    for info in run.drafters:  # the acceptance table goes into each export's model card
+        record_acceptance(info.path, summary)
     typer.echo(to_markdown(summary))
     typer.echo(f"per-prompt records, summary.json/.md and acceptance.png in {settings.output_dir}")
 

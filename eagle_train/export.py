@@ -2,7 +2,10 @@
 
 vLLM checks far less than one would hope (a missing tensor stays uninitialised and acceptance
 quietly collapses), so every name and shape is checked against the draft's contract first,
-and the directory is written under a temporary name and renamed.
+and the directory is written under a temporary name and renamed. Two formats: vLLM's native
+one (default; served with ``--speculative-config``) and the vllm-project/speculators one
+(``speculators_config`` in config.json: ``vllm serve DRAFTER_DIR`` finds the target and the
+method in the drafter). Every export carries a model card (README.md).
 """
 
 from __future__ import annotations
@@ -11,27 +14,30 @@ import json
 import platform
 import subprocess
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 import transformers
 from safetensors.torch import save_file
-from transformers import AutoConfig, PretrainedConfig
 
 import eagle_train
 from eagle_train.checkpoint import load_draft_checkpoint
 from eagle_train.drafts.base import DraftSpec, VllmDrafter
 from eagle_train.drafts.contract import PROVENANCE_FILE, contract_problems
-from eagle_train.drafts.registry import get_draft
+from eagle_train.drafts.registry import check_servable, get_draft
 from eagle_train.fsutil import atomic_directory
+from eagle_train.model_card import CARD_FILE, render_card
 from eagle_train.run_config import DTYPES, RunConfig
+from eagle_train.target import TargetDescription, TargetError, load_target_description
+
+ExportFormat = Literal["vllm", "speculators"]
 
 
 class ExportError(ValueError):
     pass
 
 
-def validate_drafter(spec: DraftSpec, drafter: VllmDrafter, target: PretrainedConfig) -> None:
+def validate_drafter(spec: DraftSpec, drafter: VllmDrafter, target: TargetDescription) -> None:
     """Raise ExportError listing every missing, unexpected or mis-shaped tensor."""
     tensors = {n: (tuple(t.shape), t.dtype) for n, t in drafter.tensors.items()}
     problems = contract_problems(spec, drafter.config, tensors, target)
@@ -39,11 +45,17 @@ def validate_drafter(spec: DraftSpec, drafter: VllmDrafter, target: PretrainedCo
         raise ExportError("the drafter does not match vLLM's contract:\n  " + "\n  ".join(problems))
 
 
-def export_draft(checkpoint: str | Path, out_dir: str | Path, overwrite: bool = False) -> Path:
+def export_draft(
+    checkpoint: str | Path,
+    out_dir: str | Path,
+    overwrite: bool = False,
+    fmt: ExportFormat = "vllm",
+    verifier: str | None = None,
+) -> Path:
     """Export a training checkpoint (``.../checkpoints/step-*``) as a vLLM drafter."""
     cfg, state, step = load_draft_checkpoint(checkpoint)
     source = {"checkpoint": str(Path(checkpoint).resolve()), "step": step}
-    return export_state(state, cfg, out_dir, source, overwrite)
+    return export_state(state, cfg, out_dir, source, overwrite, fmt, verifier)
 
 
 def export_state(
@@ -52,33 +64,93 @@ def export_state(
     out_dir: str | Path,
     source: dict[str, Any],
     overwrite: bool = False,
+    fmt: ExportFormat = "vllm",
+    verifier: str | None = None,
 ) -> Path:
-    """Validate ``state`` against vLLM's contract, cast to the target dtype, write atomically."""
+    """Validate ``state`` against vLLM's contract, cast to the target dtype, write atomically.
+    ``verifier``: the target name recorded for serving (default: the training target path)."""
     out = Path(out_dir)
     if out.exists() and not overwrite:
         raise FileExistsError(f"{out} already exists; pass --overwrite to replace it")
-    target = AutoConfig.from_pretrained(cfg.target.path)
+    target = load_target_description(cfg.target.path)
     spec = get_draft(cfg.draft.algorithm)
+    try:
+        check_servable(spec, target)
+    except TargetError as exc:
+        raise ExportError(str(exc)) from None
     drafter = spec.to_vllm(state, cfg.draft, target)
     validate_drafter(spec, drafter, target)
     dtype = DTYPES[cfg.target.dtype]  # the drafter ships in the target's dtype
-    tensors = {
-        name: (t.to(dtype) if t.is_floating_point() else t).contiguous()
-        for name, t in sorted(drafter.tensors.items())
-    }
     config = {**drafter.config, "dtype": cfg.target.dtype}
+    name = verifier or str(cfg.target.path)
+    tensors = dict(drafter.tensors)
+    if fmt == "speculators":
+        config = speculators_config(spec, drafter, config, target, name)
+        tensors.update(drafter.speculators.extra_tensors)  # type: ignore[union-attr]
+    tensors = {
+        n: (t.to(dtype) if t.is_floating_point() else t).contiguous()
+        for n, t in sorted(tensors.items())
+    }
     provenance = {
         **source,
+        "format": fmt,
+        "target": {
+            "name_or_path": name,
+            "architecture": target.architecture,
+            "num_layers": target.num_layers,
+            "hidden_size": target.hidden_size,
+            "layer_ids": spec.target_layer_ids(cfg.draft, target),
+        },
         "serving": {
             "method": drafter.method,
             "num_speculative_tokens": drafter.num_speculative_tokens,
             **drafter.extra_speculative_config,
         },
+        # vLLM's native config.json, kept for validation when config.json is another format
+        "vllm_config": {**drafter.config, "dtype": cfg.target.dtype},
         "run_config": cfg.model_dump(mode="json"),
         "versions": versions(),
     }
     _write_atomic(out, config, tensors, provenance)
     return out
+
+
+def speculators_config(
+    spec: DraftSpec,
+    drafter: VllmDrafter,
+    native: dict[str, Any],
+    target: TargetDescription,
+    verifier: str,
+) -> dict[str, Any]:
+    """config.json in the vllm-project/speculators format: the algorithm's fields at the top,
+    the decoder layers' config under ``transformer_layer_config``, and ``speculators_config``
+    naming the verifier (the target) and the number of drafted tokens."""
+    fmt = drafter.speculators
+    if fmt is None:
+        raise ExportError(
+            f"vLLM reads no speculators-format drafter for a {spec.name!r} draft "
+            f"(method {drafter.method!r}): export it with --format vllm"
+        )
+    dropped = {"architectures", "dtype", *fmt.moved}
+    layer = {k: v for k, v in native.items() if k not in dropped}
+    return {
+        "architectures": [fmt.architecture],
+        "speculators_model_type": fmt.speculators_type,
+        "transformer_layer_config": layer,
+        **fmt.fields,
+        "speculators_config": {
+            "algorithm": fmt.speculators_type,
+            "proposal_methods": [
+                {
+                    "proposal_type": "greedy",
+                    "speculative_tokens": drafter.num_speculative_tokens,
+                }
+            ],
+            "default_proposal_method": "greedy",
+            "verifier": {"name_or_path": verifier, "architectures": [target.architecture]},
+        },
+        "dtype": native["dtype"],
+    }
 
 
 def serving_config(
@@ -130,3 +202,5 @@ def _write_atomic(out: Path, config: dict, tensors: dict, provenance: dict) -> N
         (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
         save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
         (tmp / PROVENANCE_FILE).write_text(json.dumps(provenance, indent=2) + "\n")
+        # the card names the final directory, where the drafter will be served from
+        (tmp / CARD_FILE).write_text(render_card(provenance, out.resolve()))

@@ -1,7 +1,8 @@
-"""Directories that appear whole or not at all."""
+"""Files and directories that appear whole or not at all."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import uuid
 from collections.abc import Iterator
@@ -29,4 +30,19 @@ def atomic_directory(final: Path) -> Iterator[Path]:
             tmp.rename(final)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """Write ``text`` to a temporary sibling, fsync it, and rename it over ``path``."""
+    path = Path(path)
+    tmp = path.parent / f".{path.name}.tmp-{uuid.uuid4().hex[:8]}"
+    try:
+        with open(tmp, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        tmp.replace(path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
         raise

@@ -37,7 +37,7 @@ from eagle_train.config import dump_config
 from eagle_train.data.loader import Batch, BatchLoader, PreparedData
 from eagle_train.data.vocab import TokenCounter, VocabMapping, build_vocab_mapping
 from eagle_train.drafts.base import DraftSpec, loss_parts
-from eagle_train.drafts.registry import get_draft
+from eagle_train.drafts.registry import check_servable, get_draft
 from eagle_train.metrics import MetricLog, WeightedMean, format_metrics
 from eagle_train.optim import (
     PrecisionGuard,
@@ -61,7 +61,7 @@ from eagle_train.parallel import (
     wrap_model,
 )
 from eagle_train.run_config import DTYPES, RunConfig
-from eagle_train.target import FrozenTarget
+from eagle_train.target import FrozenTarget, load_target_description
 
 log = logging.getLogger(__name__)
 CONSOLE_KEYS = ("loss", "acc_0", "sim_accept_len", "lr", "grad_norm", "tokens_per_s")
@@ -95,9 +95,9 @@ def build_components(
         cfg.target.path, DTYPES[cfg.target.dtype], str(env.device)
     )
     spec = get_draft(cfg.draft.algorithm)
-    layer_ids = spec.target_layer_ids(cfg.draft, target.config)
+    layer_ids = spec.target_layer_ids(cfg.draft, target.description)
     if spec.uses_draft_vocab:
-        vocab = vocab or _draft_vocab(cfg, data, target.config.vocab_size, env)
+        vocab = vocab or _draft_vocab(cfg, data, target.description.vocab_size, env)
     elif data.vocab is not None:
         log.info("the dataset's draft vocabulary is not used: this draft predicts the full one")
     draft = spec.build(cfg.draft, target, vocab)
@@ -112,6 +112,8 @@ def forward_loss(c: Components, model: nn.Module, batch: Batch, cfg: RunConfig):
 
 
 def train(cfg: RunConfig) -> TrainResult:
+    # Refused before anything is loaded or written when vLLM could not serve the result.
+    check_servable(get_draft(cfg.draft.algorithm), load_target_description(cfg.target.path))
     env = init_distributed(cfg.train.device, cfg.train.dist_timeout_s)
     out = Path(cfg.train.output_dir)
     resumed = _resume_point(cfg, out, env)

@@ -59,7 +59,7 @@ def main() -> None:
     ids = torch.randint(4, target.config.vocab_size, (1, args.seq), device=device)
     ones = torch.ones_like(ids)
     batch = Batch(ids, ones, ones, torch.full((1,), args.seq, device=device))
-    layer_ids = spec.target_layer_ids(cfg, target.config)
+    layer_ids = spec.target_layer_ids(cfg, target.description)
 
     def step() -> int:
         features = target.features(ids, ones, layer_ids)

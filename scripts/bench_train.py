@@ -40,7 +40,7 @@ def run_point(args: argparse.Namespace, seq: int, k: int) -> dict:
     ids = torch.randint(3, vocab, (args.batch, seq), device=device)
     ones = torch.ones_like(ids)
     batch = Batch(ids, ones, ones, torch.full((args.batch,), seq, device=device))
-    layer_ids = spec.target_layer_ids(cfg, target.config)
+    layer_ids = spec.target_layer_ids(cfg, target.description)
 
     def step() -> None:
         features = target.features(ids, ones, layer_ids)
@@ -68,7 +68,7 @@ def alternate(args: argparse.Namespace, seq: int, k: int, backends: list[str]) -
 
     from eagle_train.drafts.base import Batch
     from eagle_train.drafts.eagle3.config import Eagle3Config
-    from eagle_train.drafts.eagle3.model import set_backend
+    from eagle_train.drafts.eagle_family import set_backend
     from eagle_train.drafts.registry import get_draft
     from eagle_train.optim import OptimConfig, create_optimizer
 

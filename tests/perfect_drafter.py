@@ -46,7 +46,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 from tokenizers import Tokenizer, models, pre_tokenizers
-from transformers import AutoConfig, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 from eagle_train.drafts.base import VllmDrafter
 from eagle_train.drafts.contract import PROVENANCE_FILE
@@ -57,6 +57,7 @@ from eagle_train.drafts.eagle3.config import Eagle3Config
 from eagle_train.drafts.eagle3.export import expected_tensors, vllm_config
 from eagle_train.drafts.registry import get_draft
 from eagle_train.export import validate_drafter
+from eagle_train.target import TargetDescription, load_target_description
 
 VOCAB = 96
 HIDDEN = 64
@@ -146,15 +147,14 @@ def next_token_table(target_dir: str | Path) -> list[int]:
         )
 
 
-def _draft_config(target_dir: Path) -> tuple[AutoConfig, dict]:
-    target = AutoConfig.from_pretrained(target_dir)
-    head_dim = getattr(target, "head_dim", None) or target.hidden_size // target.num_attention_heads
+def _draft_config(target_dir: Path) -> tuple[TargetDescription, dict]:
+    target = load_target_description(target_dir)
     config = vllm_config(
         Eagle3Config(aux_layer_ids=AUX_LAYER_IDS),
         target,
         AUX_LAYER_IDS,
         target.vocab_size,
-        head_dim,
+        target.head_dim,
     )
     config["dtype"] = "float32"
     return target, config
@@ -172,13 +172,12 @@ def _write(drafter: VllmDrafter, target, out_dir: str | Path, algorithm: str = "
     return out
 
 
-def _self_attention_q(config: dict, target, const: float) -> torch.Tensor:
+def _self_attention_q(config: dict, target: TargetDescription, const: float) -> torch.Tensor:
     """q = k rows for one head: pairs 0..SELF_PAIRS-1 (highest RoPE frequencies) carry the
     same value, scaled so that the own slot out-scores every other by MIN_SCORE_GAP."""
     d = config["head_dim"]
-    rope = getattr(target, "rope_parameters", None) or {}
-    theta = rope.get("rope_theta", getattr(target, "rope_theta", 10000.0))
-    if rope.get("rope_type", "default") != "default":
+    theta = target.rope.theta
+    if target.rope.type != "default":
         raise ValueError("the construction assumes plain RoPE")
     freqs = theta ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)
     weight = torch.zeros(d // 2, dtype=torch.float64)
@@ -251,10 +250,10 @@ def build_random_eagle3(target_dir: str | Path, out_dir: str | Path, k: int, see
 
 def build_perfect_eagle1(target_dir: str | Path, out_dir: str | Path, k: int) -> Path:
     """An EAGLE-1 drafter that predicts ``build_identity_target``'s next token exactly."""
-    target = AutoConfig.from_pretrained(target_dir)
+    target = load_target_description(target_dir)
     model = LlamaForCausalLM.from_pretrained(target_dir, dtype=torch.float32)
     h = target.hidden_size
-    config = eagle1_config(Eagle1Config(), target, h // target.num_attention_heads)
+    config = eagle1_config(Eagle1Config(), target, target.head_dim)
     config["dtype"] = "float32"
     shapes, _ = eagle1_tensors(config)
     gen = torch.Generator().manual_seed(0)  # q/k/v/gate/up are irrelevant (outputs zeroed)

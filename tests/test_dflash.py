@@ -25,7 +25,7 @@ from eagle_train.drafts.dflash.blocks import (
 from eagle_train.drafts.dflash.config import DFlashConfig
 from eagle_train.drafts.dflash.loss import dflash_loss
 from eagle_train.drafts.registry import get_draft, identify_drafter
-from eagle_train.target import FrozenTarget
+from eagle_train.target import FrozenTarget, describe_target
 
 SPEC = get_draft("dflash")
 GOLDEN = Path(__file__).resolve().parents[1] / "export" / "golden"
@@ -47,7 +47,7 @@ def test_bad_layer_ids_name_the_key(explicit, n) -> None:
 
 def test_after_k_layers_convention() -> None:
     cfg = DFlashConfig(target_layer_ids=[0, 2], mask_token_id=MASK)
-    assert SPEC.target_layer_ids(cfg, Qwen3Config(num_hidden_layers=4)) == [1, 3]
+    assert SPEC.target_layer_ids(cfg, describe_target(Qwen3Config(num_hidden_layers=4))) == [1, 3]
 
 
 def brute_force_attention(q, k_ctx, v_ctx, k_blk, v_blk, anchors):
@@ -160,7 +160,7 @@ def test_many_blocks_in_one_forward_equal_one_block_at_a_time() -> None:
     target = tiny_target()
     cfg, draft = build(target)
     ids = torch.randint(4, 64, (1, 20), generator=torch.Generator().manual_seed(3))
-    aux = target.features(ids, None, SPEC.target_layer_ids(cfg, target.config)).aux
+    aux = target.features(ids, None, SPEC.target_layer_ids(cfg, target.description)).aux
     anchors = torch.tensor([[1, 5, 6, 12, 16]])
     with torch.no_grad():
         got = draft(aux, ids, anchors)[0]
@@ -174,7 +174,7 @@ def test_propose_is_the_block_anchored_at_the_next_token() -> None:
     target = tiny_target()
     cfg, draft = build(target)
     ids = torch.randint(4, 64, (1, 9), generator=torch.Generator().manual_seed(4))
-    features = target.features(ids, None, SPEC.target_layer_ids(cfg, target.config))
+    features = target.features(ids, None, SPEC.target_layer_ids(cfg, target.description))
     got = SPEC.propose(draft, features, ids, cfg, 3)
     assert got.shape == (1, 9, 3)
     for t in range(8):  # [t, k] guesses x_{t+2+k}: slot k+1 of the block anchored at t+1
@@ -288,7 +288,7 @@ def test_compute_loss_trains_draft_only_and_shares_target_head() -> None:
     cfg, draft = build(target, num_anchors=5)
     ids = torch.randint(4, 64, (2, 16))
     batch = Batch(ids, torch.ones_like(ids), torch.ones_like(ids), torch.tensor([16, 10]))
-    features = target.features(ids, None, SPEC.target_layer_ids(cfg, target.config))
+    features = target.features(ids, None, SPEC.target_layer_ids(cfg, target.description))
     result = SPEC.compute_loss(draft, features, batch, cfg)
     result.loss.backward()
     assert result.weight == 5 + 5 and {"acc_0", "acc_2", "sim_accept_len"} <= result.metrics.keys()
@@ -302,7 +302,7 @@ def test_validation_scores_fixed_anchors_and_leaves_the_rng_alone() -> None:
     cfg, draft = build(target, num_anchors=3)
     ids = torch.randint(4, 64, (2, 30))
     batch = Batch(ids, torch.ones_like(ids), torch.ones_like(ids), torch.tensor([30, 30]))
-    features = target.features(ids, None, SPEC.target_layer_ids(cfg, target.config))
+    features = target.features(ids, None, SPEC.target_layer_ids(cfg, target.description))
     draft.eval()
     state = torch.get_rng_state()
     with torch.no_grad():

@@ -106,7 +106,7 @@ def test_two_layer_draft_matches_the_offline_estimate(
     one = spec.build(one_cfg.draft, target, None)
     one.load_state_dict(one_state)
     seq = torch.tensor([prompts[0] + baseline[0]])
-    features = target.features(seq, None, spec.target_layer_ids(cfg.draft, target.config))
+    features = target.features(seq, None, spec.target_layer_ids(cfg.draft, target.description))
     assert not torch.equal(
         spec.propose(draft, features, seq, cfg.draft, BLOCK - 1),
         spec.propose(one, features, seq, one_cfg.draft, BLOCK - 1),

@@ -82,8 +82,8 @@ def test_loss_pieces_match_a_direct_computation(target: FrozenTarget) -> None:
 
 def test_export_matches_the_contract(target: FrozenTarget) -> None:
     cfg, draft = build(target, num_layers=2)
-    drafter = SPEC.to_vllm(draft.state_dict(), cfg, target.config)
-    validate_drafter(SPEC, drafter, target.config)
+    drafter = SPEC.to_vllm(draft.state_dict(), cfg, target.description)
+    validate_drafter(SPEC, drafter, target.description)
     assert drafter.method == "eagle" and drafter.config["architectures"] == ["LlamaForCausalLM"]
     assert drafter.config["vocab_size"] == target.config.vocab_size
     names = set(drafter.tensors)
@@ -93,4 +93,4 @@ def test_export_matches_the_contract(target: FrozenTarget) -> None:
     assert identify_drafter(drafter.config, "eagle") is SPEC
     drafter.tensors["layers.0.input_layernorm.weight"] = torch.ones(target.config.hidden_size)
     with pytest.raises(ExportError, match="unexpected tensor layers.0.input_layernorm"):
-        validate_drafter(SPEC, drafter, target.config)
+        validate_drafter(SPEC, drafter, target.description)

@@ -10,8 +10,9 @@ import torch.nn.functional as F
 
 from eagle_train.data.loader import Batch
 from eagle_train.drafts.eagle3.config import Eagle3Config
-from eagle_train.drafts.eagle3.loss import eagle3_loss, step_weights, valid_slots
+from eagle_train.drafts.eagle3.loss import eagle3_loss, step_weights
 from eagle_train.drafts.eagle3.model import Eagle3Draft
+from eagle_train.drafts.eagle_family import valid_slots
 from eagle_train.drafts.registry import get_draft
 from eagle_train.target import FrozenTarget
 
@@ -74,7 +75,7 @@ def test_ttt_forward_equals_explicit_chain(target: FrozenTarget) -> None:
     ids = torch.randint(
         3, target.config.vocab_size, (1, 9), generator=torch.Generator().manual_seed(1)
     )
-    features = target.features(ids, None, SPEC.target_layer_ids(cfg, target.config))
+    features = target.features(ids, None, SPEC.target_layer_ids(cfg, target.description))
     with torch.no_grad():
         got = draft(features.aux, ids, 3).logits
         ref = chain_reference(draft, features.aux, ids, 3)
@@ -129,14 +130,14 @@ def test_build_copies_target_embedding_frozen_and_head_rows(target: FrozenTarget
 
 def test_colliding_default_layer_ids_are_a_clear_error(target: FrozenTarget) -> None:
     with pytest.raises(ValueError, match="aux_layer_ids"):
-        SPEC.target_layer_ids(Eagle3Config(), target.config)  # 4 layers: (2, 2, 1)
+        SPEC.target_layer_ids(Eagle3Config(), target.description)  # 4 layers: (2, 2, 1)
 
 
 def test_compute_loss_backpropagates_to_draft_only(target: FrozenTarget) -> None:
     cfg, draft = build(target)
     ids = torch.randint(3, target.config.vocab_size, (2, 12))
     batch = Batch(ids, torch.ones_like(ids), torch.ones_like(ids), torch.tensor([12, 9]))
-    features = target.features(ids, None, SPEC.target_layer_ids(cfg, target.config))
+    features = target.features(ids, None, SPEC.target_layer_ids(cfg, target.description))
     result = SPEC.compute_loss(draft, features, batch, cfg)
     result.loss.backward()
     assert {"acc_0", "acc_2", "sim_accept_len", "loss_1"} <= result.metrics.keys()

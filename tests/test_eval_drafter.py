@@ -89,13 +89,12 @@ def test_missing_directory_files(tmp_path: Path, tiny_world: Path, no_vllm: None
 
 
 def test_a_good_drafter_passes_the_checks(tiny_world: Path, tmp_path: Path) -> None:
-    from transformers import AutoConfig
-
     from eagle_train.evaluate.drafter import inspect_drafter
+    from eagle_train.target import load_target_description
 
     drafter = export_random(tiny_world, "qwen3", tmp_path / "d")
     info = inspect_drafter(
-        drafter, AutoConfig.from_pretrained(tiny_world / "targets" / "qwen3" / "bf16")
+        drafter, load_target_description(tiny_world / "targets" / "qwen3" / "bf16")
     )
     assert info.speculative_config() == {
         "method": "eagle3",

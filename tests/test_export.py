@@ -53,9 +53,9 @@ def test_demo_config_matches_golden(algorithm: str, family: str) -> None:
     target = demo_target(family)
     vocab = build_vocab_mapping(torch.arange(2048).flip(0), 1024)
     drafter = spec.to_vllm(
-        spec.build(cfg.draft, target, vocab).state_dict(), cfg.draft, target.config
+        spec.build(cfg.draft, target, vocab).state_dict(), cfg.draft, target.description
     )
-    validate_drafter(spec, drafter, target.config)
+    validate_drafter(spec, drafter, target.description)
     golden = GOLDEN / f"{algorithm}-{family}-demo.config.json"
     if os.environ.get("UPDATE_GOLDEN") == "1":
         golden.write_text(json.dumps(drafter.config, indent=2) + "\n")
@@ -81,17 +81,17 @@ def small_drafter(family: str = "llama"):
 def test_contract_violations_are_reported(mutate, message: str) -> None:
     cfg, spec, target, state = small_drafter()
     mutate(state)
-    drafter = spec.to_vllm(state, cfg.draft, target.config)
+    drafter = spec.to_vllm(state, cfg.draft, target.description)
     with pytest.raises(ExportError, match=message):
-        validate_drafter(spec, drafter, target.config)
+        validate_drafter(spec, drafter, target.description)
 
 
 def test_unexpected_tensor_is_reported() -> None:
     cfg, spec, target, state = small_drafter()
-    drafter = spec.to_vllm(state, cfg.draft, target.config)
+    drafter = spec.to_vllm(state, cfg.draft, target.description)
     drafter.tensors["layers.0.self_attn.q_norm.weight"] = torch.ones(32)  # llama has none
     with pytest.raises(ExportError, match="unexpected tensor layers.0.self_attn.q_norm"):
-        validate_drafter(spec, drafter, target.config)
+        validate_drafter(spec, drafter, target.description)
 
 
 def test_export_from_checkpoint_cli(tiny_world: Path, tiny_llama_data: Path, tmp_path: Path):
@@ -115,10 +115,16 @@ def test_export_from_checkpoint_cli(tiny_world: Path, tiny_llama_data: Path, tmp
     assert result.exit_code == 0, result.output
     assert '"method": "eagle3"' in result.output
     assert sorted(p.name for p in out.iterdir()) == [
+        "README.md",
         "config.json",
         "eagle_train.json",
         "model.safetensors",
     ]
+    card = (out / "README.md").read_text()
+    target_path = tiny_world / "targets" / "llama" / "bf16"
+    assert f"vllm serve {target_path} --speculative-config" in card
+    assert f'"model": "{out.resolve()}"' in card and "| training steps | 2 of 2 |" in card
+    assert "| K (tokens drafted per step) | 3 |" in card and "Not measured yet" in card
     tensors = load_file(str(out / "model.safetensors"))
     assert tensors["d2t"].dtype == torch.int64
     assert all(t.dtype == torch.bfloat16 for n, t in tensors.items() if n != "d2t")
@@ -149,3 +155,41 @@ def test_failed_write_leaves_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyP
     with pytest.raises(OSError, match="disk full"):
         export_state(state, cfg, tmp_path / "out", {"step": 0})
     assert sorted(p.name for p in tmp_path.iterdir()) == ["target"]
+
+
+def _summary(drafter: Path) -> dict:
+    row = dict(requests=4, acceptance_length=2.345, tokens_per_s=12.5, speedup=1.5)
+    return {
+        "target": "T",
+        "prompts": "mt_bench",
+        "turns": 1,
+        "baseline_tokens_per_s": 8.3,
+        "drafters": {
+            str(drafter): {
+                "method": "eagle3",
+                "num_speculative_tokens": 3,
+                "overall": row,
+                "categories": {"coding": {**row, "acceptance_length": 3.125}},
+            }
+        },
+    }
+
+
+def test_model_card_gets_the_acceptance_table(tmp_path: Path) -> None:
+    from eagle_train.model_card import record_acceptance
+
+    cfg, spec, target, state = small_drafter()
+    target.model.save_pretrained(tmp_path / "target")
+    cfg = cfg.model_copy(
+        update={"target": cfg.target.model_copy(update={"path": tmp_path / "target"})}
+    )
+    out = export_state(state, cfg, tmp_path / "d", {"step": 7})
+    assert record_acceptance(out, _summary(out))
+    card = (out / "README.md").read_text()
+    assert "| coding | 4 | 3.125 | 12.5 | 1.50x |" in card
+    assert "| **overall** | 4 | 2.345 | 12.5 | 1.50x |" in card and "Not measured" not in card
+    assert json.loads((out / "eagle_train.json").read_text())["acceptance"]["turns"] == 1
+    # A README.md someone else wrote is never replaced.
+    (out / "README.md").write_text("my own card\n")
+    assert not record_acceptance(out, _summary(out))
+    assert (out / "README.md").read_text() == "my own card\n"

@@ -13,8 +13,8 @@ import torch
 
 from eagle_train.drafts import kernels
 from eagle_train.drafts.dflash.attention import block_attention
-from eagle_train.drafts.eagle3.attention import ttt_attention
 from eagle_train.drafts.peagle.sampling import Elements, attention_mask, block_mask
+from eagle_train.drafts.ttt_attention import ttt_attention
 
 
 def dense_ttt(q, k0, v0, kd, vd):

@@ -26,7 +26,8 @@ ALLOWED: dict[str, set[str]] = {
     "evaluate": {"config", "drafts", "engine", "target"},  # needs no training code
     "run_config": {"config", "data", "drafts", "evaluate", "optim", "engine"},
     "checkpoint": {"config", "data", "fsutil", "run_config"},
-    "export": {"checkpoint", "drafts", "fsutil", "run_config"},
+    "model_card": {"drafts", "fsutil"},  # an export's README.md
+    "export": {"checkpoint", "drafts", "fsutil", "model_card", "run_config", "target"},
     "acceptance_probe": {"evaluate", "export", "run_config"},  # vLLM AL during training
     "train": {
         *("acceptance_probe", "checkpoint", "config", "data", "drafts", "metrics"),
@@ -34,7 +35,7 @@ ALLOWED: dict[str, set[str]] = {
     },
     "cli": {
         *("checkpoint", "config", "data", "demo", "drafts", "engine", "evaluate"),
-        *("export", "run_config", "train"),
+        *("export", "model_card", "run_config", "target", "train"),
     },
 }
 

@@ -153,8 +153,8 @@ def test_shapes_propose_and_export(target: FrozenTarget) -> None:
     proposals = SPEC.propose(draft.eval(), feats, batch.input_ids, cfg, 3)
     assert proposals.shape == (2, 32, 3) and (proposals[:, :-1] >= 0).all()
 
-    drafter = SPEC.to_vllm(draft.state_dict(), cfg, target.config)
-    validate_drafter(SPEC, drafter, target.config)
+    drafter = SPEC.to_vllm(draft.state_dict(), cfg, target.description)
+    validate_drafter(SPEC, drafter, target.description)
     c = drafter.config
     assert (c["mask_token_id"], c["parallel_drafting"], c["num_hidden_layers"]) == (3, True, 2)
     assert drafter.extra_speculative_config == {"parallel_drafting": True}
@@ -192,7 +192,7 @@ def test_eval_acceptance_serves_it_with_parallel_drafting(tiny_world: Path, tmp_
     )
     state = SPEC.build(cfg.draft, FrozenTarget.from_pretrained(target_dir), None).state_dict()
     out = export_state(state, cfg, tmp_path / "drafter", {"step": 0})
-    info = inspect_drafter(out, FrozenTarget.from_pretrained(target_dir).config)
+    info = inspect_drafter(out, FrozenTarget.from_pretrained(target_dir).description)
     assert info.spec is SPEC
     assert info.speculative_config() == {
         "method": "eagle3",

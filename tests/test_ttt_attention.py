@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from eagle_train.drafts.eagle3 import attention
-from eagle_train.drafts.eagle3.attention import ttt_attention
+from eagle_train.drafts import ttt_attention as attention
+from eagle_train.drafts.ttt_attention import ttt_attention
 
 
 def dense_reference(q, k0, v0, kd, vd):

@@ -7,12 +7,12 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from torch import Tensor, nn
-from transformers import PretrainedConfig
 
 from eagle_train.config import StrictModel
 from eagle_train.data.loader import Batch
 from eagle_train.data.vocab import VocabMapping
-from eagle_train.target import FrozenTarget, TargetFeatures
+from eagle_train.target import FrozenTarget, TargetDescription, TargetFeatures
+from eagle_train.target.description import Capability
 
 
 @dataclass
@@ -20,6 +20,21 @@ class StepResult:
     loss: Tensor  # scalar to backpropagate
     metrics: dict[str, float]  # per-batch means, combined across batches by `weight`
     weight: int  # supervised slots behind the metrics
+
+
+@dataclass
+class SpeculatorsFields:
+    """How a drafter is written in the vllm-project/speculators format (vLLM reads it with
+    ``transformers_utils/configs/speculators``): the algorithm's ``speculators_model_type``
+    and class name, its top-level fields, the native config keys they replace (the rest of
+    the native config is the ``transformer_layer_config``), and tensors only that format
+    carries."""
+
+    speculators_type: str
+    architecture: str
+    fields: dict[str, Any]
+    moved: tuple[str, ...]
+    extra_tensors: dict[str, Tensor] = field(default_factory=dict)
 
 
 @dataclass
@@ -31,12 +46,14 @@ class VllmDrafter:
     method: str  # vLLM speculative_config.method
     num_speculative_tokens: int
     extra_speculative_config: dict[str, Any] = field(default_factory=dict)
+    speculators: SpeculatorsFields | None = None  # None: vLLM reads no speculators format
 
 
 class DraftSpec(Protocol):
     name: str
     config_cls: type[StrictModel]
     vllm_method: str  # speculative_config.method its exports are served with
+    target_needs: Capability  # what vLLM's target must hand this drafter
     # Whether the draft has a vocabulary of its own (d2t/t2d); False: it predicts over the
     # target's whole vocabulary through the target's head.
     uses_draft_vocab: bool
@@ -44,7 +61,7 @@ class DraftSpec(Protocol):
     def recognizes(self, config: dict[str, Any]) -> bool:
         """Whether a drafter config.json (from any exporter) is this algorithm's format."""
 
-    def target_layer_ids(self, cfg: Any, target: PretrainedConfig) -> list[int]:
+    def target_layer_ids(self, cfg: Any, target: TargetDescription) -> list[int]:
         """Target layers (after-k-layers convention) whose hidden states the draft reads."""
 
     def build(self, cfg: Any, target: FrozenTarget, vocab: VocabMapping | None) -> nn.Module:
@@ -74,7 +91,7 @@ class DraftSpec(Protocol):
         """(B, T, num_steps) target token ids the draft proposes at each slot: entry [t, k]
         is its guess for x_{t+2+k}, chained on the true tokens."""
 
-    def to_vllm(self, state: dict[str, Tensor], cfg: Any, target: PretrainedConfig) -> VllmDrafter:
+    def to_vllm(self, state: dict[str, Tensor], cfg: Any, target: TargetDescription) -> VllmDrafter:
         """vLLM's on-disk drafter from a draft state dict."""
 
     def expected_tensors(

@@ -1,26 +1,63 @@
-"""Pieces every draft shares: the RMSNorm vLLM's drafters use, and the target config fields
-an exported drafter mirrors."""
+"""Pieces every draft shares: the sizes a draft mirrors from its target (one builder from the
+target description), the target's RoPE, the RMSNorm and SwiGLU MLP vLLM's drafters use, and
+the config.json fields and per-layer tensor table of an exported drafter."""
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, TypeVar
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from transformers import PretrainedConfig
+from transformers import LlamaConfig
+from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
-# Target config fields the draft mirrors (RoPE, positions, special ids), copied when present.
-# max_position_embeddings must cover the serving length (vLLM does not raise it for every
-# drafter, and drafting silently stops beyond it): the target's limit covers what it serves.
-MIRRORED = (
-    "rope_parameters",
-    "rope_theta",
-    "max_position_embeddings",
-    "bos_token_id",
-    "eos_token_id",
-    "pad_token_id",
-)
+from eagle_train.target import TargetDescription
+
+_Dims = TypeVar("_Dims", bound="DecoderDims")
+
+
+@dataclass(frozen=True)
+class DecoderDims:
+    """The target sizes every draft's decoder mirrors (attention geometry included); each
+    draft's shape extends it with its own fields and is built by ``from_target``."""
+
+    hidden_size: int
+    target_hidden_size: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    vocab_size: int  # the target's
+    rms_norm_eps: float
+
+    @classmethod
+    def from_target(cls: type[_Dims], target: TargetDescription, **extra: Any) -> _Dims:
+        return cls(
+            hidden_size=target.hidden_size,
+            target_hidden_size=target.hidden_size,
+            num_heads=target.num_heads,
+            num_kv_heads=target.num_kv_heads,
+            head_dim=target.head_dim,
+            intermediate_size=target.intermediate_size,
+            vocab_size=target.vocab_size,
+            rms_norm_eps=target.rms_norm_eps,
+            **extra,
+        )
+
+
+def rotary_embedding(target: TargetDescription) -> LlamaRotaryEmbedding:
+    """The target's rotary embedding (type, base and scaling as the target config sets them),
+    computed as vLLM's Llama-style drafters compute it."""
+    config = LlamaConfig(
+        hidden_size=target.hidden_size,
+        num_attention_heads=target.num_heads,
+        head_dim=target.head_dim,
+        max_position_embeddings=target.max_position_embeddings,
+        rope_parameters=dict(target.rope.parameters),
+    )
+    return LlamaRotaryEmbedding(config)
 
 
 class RMSNorm(nn.Module):
@@ -48,22 +85,14 @@ class MLP(nn.Module):
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
-def attention_dims(target: PretrainedConfig) -> tuple[int, int, int]:
-    """(heads, kv heads, head dim) of the target's attention, which every draft mirrors."""
-    heads = target.num_attention_heads
-    kv_heads = getattr(target, "num_key_value_heads", None) or heads
-    return heads, kv_heads, getattr(target, "head_dim", None) or target.hidden_size // heads
-
-
-def decoder_fields(target: PretrainedConfig, head_dim: int, num_layers: int) -> dict[str, Any]:
+def decoder_fields(target: TargetDescription, head_dim: int, num_layers: int) -> dict[str, Any]:
     """config.json fields of draft decoder layers that mirror the target's attention and MLP."""
-    heads, kv_heads, _ = attention_dims(target)
     return {
         "hidden_size": target.hidden_size,
         "intermediate_size": target.intermediate_size,
         "num_hidden_layers": num_layers,
-        "num_attention_heads": heads,
-        "num_key_value_heads": kv_heads,
+        "num_attention_heads": target.num_heads,
+        "num_key_value_heads": target.num_kv_heads,
         "head_dim": head_dim,
         "hidden_act": "silu",
         "rms_norm_eps": target.rms_norm_eps,
@@ -71,6 +100,12 @@ def decoder_fields(target: PretrainedConfig, head_dim: int, num_layers: int) -> 
         "tie_word_embeddings": False,
         "vocab_size": target.vocab_size,
     }
+
+
+def mirror_target(config: dict[str, Any], target: TargetDescription) -> dict[str, Any]:
+    """``config`` with the target's RoPE, position limit and special ids added."""
+    config.update(target.mirrored_fields())
+    return config
 
 
 def layer_tensors(
@@ -104,12 +139,3 @@ def layer_tensors(
         shapes[p + "self_attn.q_norm.weight"] = (d,)
         shapes[p + "self_attn.k_norm.weight"] = (d,)
     return shapes
-
-
-def mirror_target(config: dict[str, Any], target: PretrainedConfig) -> dict[str, Any]:
-    """``config`` with the target's ``MIRRORED`` fields added (those it sets)."""
-    for key in MIRRORED:
-        value = getattr(target, key, None)
-        if value is not None:
-            config[key] = value
-    return config

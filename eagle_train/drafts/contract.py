@@ -4,12 +4,14 @@ Shared by the exporter (before writing) and the evaluation (before an engine sta
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import PretrainedConfig
 
 from eagle_train.drafts.base import DraftSpec
+from eagle_train.target import TargetDescription
 
 PROVENANCE_FILE = "eagle_train.json"
 
@@ -18,7 +20,7 @@ def contract_problems(
     spec: DraftSpec,
     config: dict[str, Any],
     tensors: dict[str, tuple[tuple[int, ...], torch.dtype]],
-    target: PretrainedConfig,
+    target: TargetDescription,
 ) -> list[str]:
     """Every way ``config`` + tensors (name -> (shape, dtype)) break vLLM's contract for the
     given target: missing/unexpected/mis-shaped tensors, vocab or hidden size mismatches."""
@@ -48,3 +50,19 @@ def contract_problems(
         elif name == "d2t" and dtype != torch.int64:
             problems.append("d2t must be int64 offsets")
     return problems
+
+
+def native_config(drafter_dir: str | Path) -> dict[str, Any]:
+    """vLLM's native config of an exported drafter, whichever format its config.json is
+    (a speculators-format export keeps the native one in its provenance file)."""
+    path = Path(drafter_dir)
+    config = json.loads((path / "config.json").read_text())
+    if "speculators_config" not in config:
+        return config
+    provenance = path / PROVENANCE_FILE
+    if provenance.is_file():
+        return json.loads(provenance.read_text())["vllm_config"]
+    raise ValueError(
+        f"{path}: a speculators-format drafter not written by eagle-train (no "
+        f"{PROVENANCE_FILE}): this version validates only its own speculators exports"
+    )

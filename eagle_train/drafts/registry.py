@@ -12,6 +12,8 @@ from eagle_train.drafts.dflash.spec import DFlashSpec
 from eagle_train.drafts.eagle1.spec import Eagle1Spec
 from eagle_train.drafts.eagle3.spec import Eagle3Spec
 from eagle_train.drafts.peagle.spec import PEagleSpec
+from eagle_train.target import TargetDescription, TargetError
+from eagle_train.target.description import architectures_with
 
 DRAFTS: MappingProxyType[str, DraftSpec] = MappingProxyType(
     {
@@ -27,6 +29,26 @@ def get_draft(name: str) -> DraftSpec:
     if name not in DRAFTS:
         raise ValueError(f"unknown draft algorithm {name!r}; known: {sorted(DRAFTS)}")
     return DRAFTS[name]
+
+
+def served_methods(target: TargetDescription) -> list[str]:
+    """The vLLM speculative methods that serve this project's drafts next to ``target``."""
+    return sorted({s.vllm_method for s in DRAFTS.values() if target.serves(s.target_needs)})
+
+
+def check_servable(spec: DraftSpec, target: TargetDescription) -> None:
+    """Raise TargetError when vLLM cannot serve ``spec``'s drafter next to ``target``: before
+    any training, naming the architectures that can and what this target can serve."""
+    if target.serves(spec.target_needs):
+        return
+    can = ", ".join(architectures_with(spec.target_needs))
+    here = ", ".join(served_methods(target)) or "none"
+    raise TargetError(
+        f"vLLM cannot serve a {spec.name!r} draft (method {spec.vllm_method!r}) next to "
+        f"target {target.name_or_path or '?'} ({target.architecture}): the drafter needs the "
+        f"target's {spec.target_needs.replace('_', ' ')}, which vLLM provides for: {can}. "
+        f"Methods this target can serve: {here}"
+    )
 
 
 def identify_drafter(config: dict[str, Any], method: str | None = None) -> DraftSpec:

@@ -10,11 +10,11 @@ from typing import Any
 
 import torch
 from safetensors import safe_open
-from transformers import PretrainedConfig
 
 from eagle_train.drafts.base import DraftSpec
-from eagle_train.drafts.contract import PROVENANCE_FILE, contract_problems
+from eagle_train.drafts.contract import PROVENANCE_FILE, contract_problems, native_config
 from eagle_train.drafts.registry import identify_drafter
+from eagle_train.target import TargetDescription
 
 
 class DrafterError(ValueError):
@@ -40,10 +40,14 @@ class DrafterInfo:
 
 
 def inspect_drafter(
-    path: str | Path, target: PretrainedConfig, num_speculative_tokens: int | None = None
+    path: str | Path, target: TargetDescription, num_speculative_tokens: int | None = None
 ) -> DrafterInfo:
     path = Path(path)
-    config = _read_json(path / "config.json")
+    _read_json(path / "config.json")  # present and readable
+    try:
+        config = native_config(path)  # the native config, also of a speculators export
+    except ValueError as exc:
+        raise DrafterError(str(exc)) from None
     serving = (
         _read_json(path / PROVENANCE_FILE).get("serving", {})
         if (path / PROVENANCE_FILE).is_file()

@@ -14,7 +14,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
-from transformers import AutoConfig, AutoTokenizer
+from transformers import AutoTokenizer
 
 from eagle_train.engine import VllmEngine
 from eagle_train.engine.remote import Remote
@@ -23,6 +23,7 @@ from eagle_train.evaluate.drafter import DrafterInfo, inspect_drafter
 from eagle_train.evaluate.prompts import EvalPrompt, load_prompts
 from eagle_train.evaluate.rounds import Round, interleave
 from eagle_train.evaluate.settings import EvalSettings
+from eagle_train.target import load_target_description
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +46,7 @@ class EvalRun:
 def run_eval(settings: EvalSettings) -> EvalRun:
     if settings.turns == 2 and not settings.baseline:
         raise ValueError("turn 2 is asked with the target's own first answer: keep the baseline")
-    target_config = AutoConfig.from_pretrained(settings.target)
+    target_config = load_target_description(settings.target)
     infos = [
         inspect_drafter(d, target_config, settings.num_speculative_tokens)
         for d in settings.drafters

@@ -67,7 +67,7 @@ def estimate_acceptance(
     outputs: list[list[int]],
     num_steps: int,
 ) -> OfflineAcceptance:
-    layer_ids = spec.target_layer_ids(cfg, target.config)
+    layer_ids = spec.target_layer_ids(cfg, target.description)
     total = OfflineAcceptance(0, 0)
     for prompt, output in zip(prompts, outputs, strict=True):
         seq = torch.tensor([prompt + output])

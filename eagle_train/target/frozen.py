@@ -9,10 +9,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import Tensor, nn
-from transformers import AutoModelForCausalLM, PretrainedConfig, PreTrainedModel
+from transformers import (
+    AutoConfig,
+    AutoModelForCausalLM,
+    AutoModelForImageTextToText,
+    PretrainedConfig,
+    PreTrainedModel,
+)
+
+from eagle_train.target.description import TargetDescription, describe_target
 
 
 @dataclass
@@ -32,8 +41,18 @@ class FrozenTarget(nn.Module):
         cls, path: str | Path, dtype: torch.dtype = torch.bfloat16, device: str = "cpu"
     ) -> FrozenTarget:
         # Load straight onto the device: a large target should not pass through host memory.
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, device_map=device)
+        # A multimodal checkpoint (text model nested under text_config) loads whole; the
+        # draft reads only its text decoder.
+        config = AutoConfig.from_pretrained(path)
+        auto: Any = AutoModelForCausalLM
+        if type(config) not in AutoModelForCausalLM._model_mapping:
+            auto = AutoModelForImageTextToText
+        model = auto.from_pretrained(path, dtype=dtype, device_map=device)
         return cls(model)
+
+    @property
+    def description(self) -> TargetDescription:
+        return describe_target(self.config, self.model.name_or_path)
 
     @property
     def config(self) -> PretrainedConfig:
@@ -41,7 +60,7 @@ class FrozenTarget(nn.Module):
 
     @property
     def num_layers(self) -> int:
-        return self.config.num_hidden_layers
+        return self.description.num_layers
 
     @property
     def dtype(self) -> torch.dtype:

@@ -5,21 +5,20 @@ from __future__ import annotations
 from typing import Any
 
 from torch import Tensor
-from transformers import AutoTokenizer, PretrainedConfig
+from transformers import AutoTokenizer
 
-from eagle_train.drafts.base import VllmDrafter
+from eagle_train.drafts.base import SpeculatorsFields, VllmDrafter
 from eagle_train.drafts.common import decoder_fields, layer_tensors, mirror_target
 from eagle_train.drafts.dflash.config import DFlashConfig
+from eagle_train.target import TargetDescription
 
-# Target config fields the draft mirrors (RoPE and sizes), copied when present.
 
-
-def resolve_mask_token_id(cfg: DFlashConfig, target: PretrainedConfig) -> int:
+def resolve_mask_token_id(cfg: DFlashConfig, target: TargetDescription) -> int:
     """The configured mask id, or the target tokenizer's mask token; must be a target id."""
     vocab = target.vocab_size
     token_id = cfg.mask_token_id
     if token_id is None:
-        path = getattr(target, "_name_or_path", "") or ""
+        path = target.name_or_path
         token_id = _tokenizer_mask_id(path)
         if token_id is None:
             raise ValueError(
@@ -48,7 +47,7 @@ def _tokenizer_mask_id(path: str) -> int | None:
 
 def vllm_config(
     cfg: DFlashConfig,
-    target: PretrainedConfig,
+    target: TargetDescription,
     layer_ids: list[int],
     mask_token_id: int,
     head_dim: int,
@@ -58,7 +57,7 @@ def vllm_config(
         "model_type": "qwen3",
         **decoder_fields(target, head_dim, cfg.num_layers),
         "target_hidden_size": target.hidden_size,
-        "num_target_layers": target.num_hidden_layers,
+        "num_target_layers": target.num_layers,
         # For people and tools only: vLLM drafts num_speculative_tokens = block_size - 1.
         "block_size": cfg.block_size,
         # 0-based layer outputs; vLLM reads the hidden after id+1 layers.
@@ -87,12 +86,30 @@ def expected_tensors(
 
 
 def to_vllm(
-    state: dict[str, Tensor], cfg: DFlashConfig, target: PretrainedConfig, layer_ids: list[int]
+    state: dict[str, Tensor], cfg: DFlashConfig, target: TargetDescription, layer_ids: list[int]
 ) -> VllmDrafter:
-    head_dim = state["layers.0.self_attn.q_proj.weight"].shape[0] // target.num_attention_heads
+    head_dim = state["layers.0.self_attn.q_proj.weight"].shape[0] // target.num_heads
     config = vllm_config(cfg, target, layer_ids, resolve_mask_token_id(cfg, target), head_dim)
     names = set(expected_tensors(config)[0])
     tensors = {name: state[name] for name in names if name in state}
+    # Speculators format: the captured layers in the "after k layers" convention (vLLM
+    # subtracts one for dflash_config); non-causal draft attention, as the native config.
+    speculators = SpeculatorsFields(
+        speculators_type="dflash",
+        architecture="DFlashSpeculator",
+        fields={
+            "target_hidden_size": config["target_hidden_size"],
+            "aux_hidden_state_layer_ids": [i + 1 for i in layer_ids],
+            "mask_token_id": config["dflash_config"]["mask_token_id"],
+            "block_size": cfg.block_size,
+            "sliding_window_non_causal": True,
+        },
+        moved=("target_hidden_size", "dflash_config", "block_size"),
+    )
     return VllmDrafter(
-        config=config, tensors=tensors, method="dflash", num_speculative_tokens=cfg.block_size - 1
+        config=config,
+        tensors=tensors,
+        method="dflash",
+        num_speculative_tokens=cfg.block_size - 1,
+        speculators=speculators,
     )

@@ -13,53 +13,22 @@ from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
-from transformers import PretrainedConfig
-from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply_rotary_pos_emb
+from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
-from eagle_train.drafts.common import MLP, RMSNorm, attention_dims
+from eagle_train.drafts.common import MLP, DecoderDims, RMSNorm, rotary_embedding
 from eagle_train.drafts.dflash.attention import block_attention
 from eagle_train.drafts.dflash.blocks import block_positions
+from eagle_train.target import TargetDescription
 
 
 @dataclass(frozen=True)
-class DFlashShape:
-    """Sizes of the draft; attention mirrors the target's (heads, kv heads, head dim)."""
+class DFlashShape(DecoderDims):
+    """Sizes of the draft: the target's (``DecoderDims.from_target``) plus these."""
 
-    hidden_size: int
-    target_hidden_size: int
     num_features: int  # target layers concatenated into fc's input
     num_layers: int
-    num_heads: int
-    num_kv_heads: int
-    head_dim: int
-    intermediate_size: int
-    rms_norm_eps: float
     block_size: int
     mask_token_id: int
-
-    @classmethod
-    def from_target(
-        cls,
-        target: PretrainedConfig,
-        num_features: int,
-        num_layers: int,
-        block_size: int,
-        mask_token_id: int,
-    ) -> DFlashShape:
-        heads, kv_heads, head_dim = attention_dims(target)
-        return cls(
-            hidden_size=target.hidden_size,
-            target_hidden_size=target.hidden_size,
-            num_features=num_features,
-            num_layers=num_layers,
-            num_heads=heads,
-            num_kv_heads=kv_heads,
-            head_dim=head_dim,
-            intermediate_size=target.intermediate_size,
-            rms_norm_eps=target.rms_norm_eps,
-            block_size=block_size,
-            mask_token_id=mask_token_id,
-        )
 
 
 class Attention(nn.Module):
@@ -133,7 +102,7 @@ class DecoderLayer(nn.Module):
 
 class DFlashDraft(nn.Module):
     def __init__(
-        self, s: DFlashShape, target: PretrainedConfig, embed: nn.Module, lm_head: nn.Module
+        self, s: DFlashShape, target: TargetDescription, embed: nn.Module, lm_head: nn.Module
     ) -> None:
         super().__init__()
         self.shape = s
@@ -141,7 +110,7 @@ class DFlashDraft(nn.Module):
         self.hidden_norm = RMSNorm(s.hidden_size, s.rms_norm_eps)
         self.layers = nn.ModuleList([DecoderLayer(s) for _ in range(s.num_layers)])
         self.norm = RMSNorm(s.hidden_size, s.rms_norm_eps)
-        self.rotary = LlamaRotaryEmbedding(target)  # the target's RoPE, scaling included
+        self.rotary = rotary_embedding(target)  # the target's RoPE, scaling included
         # A tuple, not attributes: nn.Module would register them as the draft's own.
         self._shared = (embed, lm_head)
 

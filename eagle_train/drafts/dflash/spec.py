@@ -6,7 +6,6 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
-from transformers import PretrainedConfig
 
 from eagle_train.data.loader import Batch
 from eagle_train.data.vocab import VocabMapping
@@ -21,7 +20,8 @@ from eagle_train.drafts.dflash.blocks import (
 from eagle_train.drafts.dflash.config import DFlashConfig
 from eagle_train.drafts.dflash.loss import accuracy_metrics, dflash_loss
 from eagle_train.drafts.dflash.model import DFlashDraft, DFlashShape
-from eagle_train.target import FrozenTarget, TargetFeatures
+from eagle_train.target import FrozenTarget, TargetDescription, TargetFeatures
+from eagle_train.target.description import Capability
 
 # Validation scores the same anchors at every evaluation (and leaves the training RNG alone).
 _VALIDATION_SEED = 0
@@ -31,19 +31,18 @@ class DFlashSpec:
     name = "dflash"
     config_cls = DFlashConfig
     vllm_method = "dflash"
+    target_needs: Capability = "aux_hidden_states"
     uses_draft_vocab = False
 
     def recognizes(self, config: dict[str, Any]) -> bool:
         archs = config.get("architectures") or []
         return "dflash_config" in config or any("DFlash" in a for a in archs)
 
-    def layer_ids(self, cfg: DFlashConfig, target: PretrainedConfig) -> list[int]:
+    def layer_ids(self, cfg: DFlashConfig, target: TargetDescription) -> list[int]:
         """0-based target layer outputs (DFlash's convention, written to dflash_config)."""
-        return select_layer_ids(
-            cfg.target_layer_ids, cfg.num_target_features, target.num_hidden_layers
-        )
+        return select_layer_ids(cfg.target_layer_ids, cfg.num_target_features, target.num_layers)
 
-    def target_layer_ids(self, cfg: DFlashConfig, target: PretrainedConfig) -> list[int]:
+    def target_layer_ids(self, cfg: DFlashConfig, target: TargetDescription) -> list[int]:
         # the loop's "after k layers" convention: output of 0-based layer i = after i+1
         return [i + 1 for i in self.layer_ids(cfg, target)]
 
@@ -52,15 +51,15 @@ class DFlashSpec:
     ) -> DFlashDraft:
         # `vocab` is unused: the draft predicts over the target's full vocabulary with the
         # target's own head (vLLM's DFlash shares it), so there is no draft vocabulary.
-        tcfg = target.config
+        desc = target.description
         shape = DFlashShape.from_target(
-            tcfg,
-            num_features=len(self.layer_ids(cfg, tcfg)),
+            desc,
+            num_features=len(self.layer_ids(cfg, desc)),
             num_layers=cfg.num_layers,
             block_size=cfg.block_size,
-            mask_token_id=export.resolve_mask_token_id(cfg, tcfg),
+            mask_token_id=export.resolve_mask_token_id(cfg, desc),
         )
-        draft = DFlashDraft(shape, tcfg, target.embed_tokens(), target.lm_head()).float()
+        draft = DFlashDraft(shape, desc, target.embed_tokens(), target.lm_head()).float()
         for layer in draft.layers:
             layer.self_attn.backend = cfg.attention
         return draft
@@ -117,7 +116,7 @@ class DFlashSpec:
         return torch.cat([ids, ids[:, -1:]], dim=1)[:, :length]
 
     def to_vllm(
-        self, state: dict[str, Tensor], cfg: DFlashConfig, target: PretrainedConfig
+        self, state: dict[str, Tensor], cfg: DFlashConfig, target: TargetDescription
     ) -> VllmDrafter:
         return export.to_vllm(state, cfg, target, self.layer_ids(cfg, target))
 

@@ -11,14 +11,14 @@ from __future__ import annotations
 from typing import Any
 
 from torch import Tensor
-from transformers import PretrainedConfig
 
 from eagle_train.drafts.base import VllmDrafter
 from eagle_train.drafts.common import decoder_fields, layer_tensors, mirror_target
 from eagle_train.drafts.eagle1.config import Eagle1Config
+from eagle_train.target import TargetDescription
 
 
-def vllm_config(cfg: Eagle1Config, target: PretrainedConfig, head_dim: int) -> dict[str, Any]:
+def vllm_config(cfg: Eagle1Config, target: TargetDescription, head_dim: int) -> dict[str, Any]:
     config: dict[str, Any] = {
         "architectures": ["LlamaForCausalLM"],
         "model_type": "llama",
@@ -41,8 +41,8 @@ def expected_tensors(
     return shapes, {"embed_tokens.weight": (config["vocab_size"], h)}
 
 
-def to_vllm(state: dict[str, Tensor], cfg: Eagle1Config, target: PretrainedConfig) -> VllmDrafter:
-    head_dim = state["layers.0.self_attn.q_proj.weight"].shape[0] // target.num_attention_heads
+def to_vllm(state: dict[str, Tensor], cfg: Eagle1Config, target: TargetDescription) -> VllmDrafter:
+    head_dim = state["layers.0.self_attn.q_proj.weight"].shape[0] // target.num_heads
     config = vllm_config(cfg, target, head_dim)
     names = set(expected_tensors(config)[0])  # the frozen embedding/head copies stay behind
     tensors = {name: state[name] for name in names if name in state}

@@ -7,7 +7,6 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
-from transformers import PretrainedConfig
 
 from eagle_train.data.loader import Batch
 from eagle_train.data.vocab import VocabMapping
@@ -16,9 +15,9 @@ from eagle_train.drafts.eagle1 import export
 from eagle_train.drafts.eagle1.config import Eagle1Config
 from eagle_train.drafts.eagle1.loss import eagle1_loss
 from eagle_train.drafts.eagle1.model import Eagle1Draft
-from eagle_train.drafts.eagle3.loss import valid_slots
-from eagle_train.drafts.eagle3.model import DraftShape, set_backend, shift_left
-from eagle_train.target import FrozenTarget, TargetFeatures
+from eagle_train.drafts.eagle_family import DraftShape, set_backend, shift_left, valid_slots
+from eagle_train.target import FrozenTarget, TargetDescription, TargetFeatures
+from eagle_train.target.description import Capability
 
 # Keys only EAGLE-3-family or DFlash drafters write; a plain Llama config has none of them.
 _OTHER_FORMATS = (
@@ -34,6 +33,7 @@ class Eagle1Spec:
     name = "eagle1"
     config_cls = Eagle1Config
     vllm_method = "eagle"
+    target_needs: Capability = "last_hidden_state"
     uses_draft_vocab = False
 
     def recognizes(self, config: dict[str, Any]) -> bool:
@@ -42,7 +42,7 @@ class Eagle1Spec:
             a in ("LlamaForCausalLM", "EagleLlamaForCausalLM") for a in archs
         )
 
-    def target_layer_ids(self, cfg: Eagle1Config, target: PretrainedConfig) -> list[int]:
+    def target_layer_ids(self, cfg: Eagle1Config, target: TargetDescription) -> list[int]:
         return []  # EAGLE-1 reads TargetFeatures.final (after the final norm) only
 
     def build(
@@ -50,11 +50,12 @@ class Eagle1Spec:
     ) -> Eagle1Draft:
         # The draft predicts features for the target's own head: the full target vocab,
         # whatever draft vocabulary the data preparation computed.
-        tcfg = target.config
+        desc = target.description
+        # vLLM's EAGLE-1 drafter is Llama-style whatever the target: no q/k norm.
         shape = DraftShape.from_target(
-            tcfg, num_aux=1, draft_vocab_size=tcfg.vocab_size, qk_norm=False
+            desc, num_aux=1, draft_vocab_size=desc.vocab_size, qk_norm=False
         )
-        draft = Eagle1Draft(shape, tcfg, cfg.num_layers).float()
+        draft = Eagle1Draft(shape, desc, cfg.num_layers).float()
         set_backend(draft, cfg.attention)
         with torch.no_grad():
             draft.embed_tokens.weight.copy_(target.embed_tokens().weight.float())
@@ -103,7 +104,7 @@ class Eagle1Spec:
         return torch.stack([draft.lm_head(p).argmax(-1) for p in preds], dim=-1)
 
     def to_vllm(
-        self, state: dict[str, Tensor], cfg: Eagle1Config, target: PretrainedConfig
+        self, state: dict[str, Tensor], cfg: Eagle1Config, target: TargetDescription
     ) -> VllmDrafter:
         return export.to_vllm(state, cfg, target)
 

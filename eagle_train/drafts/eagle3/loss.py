@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from eagle_train.drafts.eagle3.model import shift_left
+from eagle_train.drafts.eagle_family import shift_left, valid_slots
 
 
 @dataclass
@@ -27,14 +27,6 @@ def step_weights(num_steps: int, decay: float) -> list[float]:
     """``decay^k`` normalised to sum 1, so the learning rate does not depend on K."""
     raw = [decay**k for k in range(num_steps)]
     return [w / sum(raw) for w in raw]
-
-
-def valid_slots(loss_mask: Tensor, lengths: Tensor, step: int) -> Tensor:
-    """(B,T) bool: slot t of step ``step`` predicts a real assistant token."""
-    b, t = loss_mask.shape
-    target_pos = torch.arange(t, device=loss_mask.device) + 2 + step
-    inside = target_pos[None, :] < lengths[:, None]
-    return inside & shift_left(loss_mask, 2 + step).bool()
 
 
 def eagle3_loss(

@@ -6,7 +6,6 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
-from transformers import PretrainedConfig
 
 from eagle_train.data.loader import Batch
 from eagle_train.data.vocab import VocabMapping
@@ -14,14 +13,23 @@ from eagle_train.drafts.base import StepResult, VllmDrafter
 from eagle_train.drafts.eagle3 import export
 from eagle_train.drafts.eagle3.config import Eagle3Config
 from eagle_train.drafts.eagle3.loss import accuracy_metrics, eagle3_loss
-from eagle_train.drafts.eagle3.model import DraftShape, Eagle3Draft, set_backend
-from eagle_train.target import FrozenTarget, TargetFeatures
+from eagle_train.drafts.eagle3.model import Eagle3Draft
+from eagle_train.drafts.eagle_family import (
+    DraftShape,
+    aux_layer_ids,
+    draft_ids,
+    layer_style,
+    set_backend,
+)
+from eagle_train.target import FrozenTarget, TargetDescription, TargetFeatures
+from eagle_train.target.description import Capability
 
 
 class Eagle3Spec:
     name = "eagle3"
     config_cls = Eagle3Config
     vllm_method = "eagle3"
+    target_needs: Capability = "aux_hidden_states"
     uses_draft_vocab = True
 
     def recognizes(self, config: dict[str, Any]) -> bool:
@@ -32,28 +40,21 @@ class Eagle3Spec:
             or any(a.startswith("Eagle3") or a.endswith("Eagle3") for a in archs)
         )
 
-    def target_layer_ids(self, cfg: Eagle3Config, target: PretrainedConfig) -> list[int]:
-        num_layers = target.num_hidden_layers
-        ids = cfg.aux_layer_ids or [2, num_layers // 2, num_layers - 3]
-        if len(set(ids)) != len(ids) or any(not 0 <= k <= num_layers for k in ids):
-            raise ValueError(
-                f"draft.aux_layer_ids {ids} must be distinct layer counts in 0..{num_layers} "
-                f"(the target has {num_layers} layers); set draft.aux_layer_ids explicitly"
-            )
-        return sorted(ids)
+    def target_layer_ids(self, cfg: Eagle3Config, target: TargetDescription) -> list[int]:
+        return aux_layer_ids(cfg.aux_layer_ids, target)
 
     def build(
         self, cfg: Eagle3Config, target: FrozenTarget, vocab: VocabMapping | None
     ) -> Eagle3Draft:
-        tcfg = target.config
-        vd = len(vocab.d2t) if vocab is not None else tcfg.vocab_size
+        desc = target.description
+        vd = len(vocab.d2t) if vocab is not None else desc.vocab_size
         shape = DraftShape.from_target(
-            tcfg,
-            num_aux=len(self.target_layer_ids(cfg, tcfg)),
+            desc,
+            num_aux=len(self.target_layer_ids(cfg, desc)),
             draft_vocab_size=vd,
-            qk_norm=export.layer_style(cfg, tcfg) == "qwen3",
+            qk_norm=layer_style(cfg.layer_style, desc) == "qwen3",
         )
-        draft = Eagle3Draft(shape, tcfg).float()
+        draft = Eagle3Draft(shape, desc).float()
         set_backend(draft, cfg.attention)
         with torch.no_grad():
             draft.embed_tokens.weight.copy_(target.embed_tokens().weight.float())
@@ -93,7 +94,7 @@ class Eagle3Spec:
         return torch.stack([ids[logits.argmax(-1)] for logits in out.logits], dim=-1)
 
     def to_vllm(
-        self, state: dict[str, Tensor], cfg: Eagle3Config, target: PretrainedConfig
+        self, state: dict[str, Tensor], cfg: Eagle3Config, target: TargetDescription
     ) -> VllmDrafter:
         return export.to_vllm(state, cfg, target, self.target_layer_ids(cfg, target))
 
@@ -101,7 +102,3 @@ class Eagle3Spec:
         self, config: dict[str, Any]
     ) -> tuple[dict[str, tuple[int, ...]], dict[str, tuple[int, ...]]]:
         return export.expected_tensors(config)
-
-
-def draft_ids(draft: Eagle3Draft) -> Tensor:
-    return torch.arange(len(draft.d2t), device=draft.d2t.device) + draft.d2t

@@ -1,5 +1,5 @@
 """P-EAGLE -> vLLM ``method="eagle3"`` with ``parallel_drafting: true`` (docs/algorithms/peagle.md):
-the EAGLE-3 config and tensors plus ``mask_token_id``, ``mask_hidden`` and ``embed_tokens``
+the fused-layer drafter's config and tensors plus ``mask_token_id``, ``mask_hidden`` and ``embed_tokens``
 (carrying the trained mask row), and the ordinary layers after the fused one."""
 
 from __future__ import annotations
@@ -7,23 +7,29 @@ from __future__ import annotations
 from typing import Any
 
 from torch import Tensor
-from transformers import PretrainedConfig
 
 from eagle_train.drafts.base import VllmDrafter
 from eagle_train.drafts.common import layer_tensors
-from eagle_train.drafts.eagle3 import export as eagle3_export
+from eagle_train.drafts.eagle_family import (
+    fused_speculators,
+    fused_tensors,
+    fused_vllm_config,
+    layer_style,
+)
 from eagle_train.drafts.peagle.config import PEagleConfig
+from eagle_train.target import TargetDescription
 
 
 def vllm_config(
     cfg: PEagleConfig,
-    target: PretrainedConfig,
+    target: TargetDescription,
     layer_ids: list[int],
     draft_vocab_size: int,
     head_dim: int,
     mask_token_id: int,
 ) -> dict[str, Any]:
-    config = eagle3_export.vllm_config(cfg, target, layer_ids, draft_vocab_size, head_dim)
+    style = layer_style(cfg.layer_style, target)
+    config = fused_vllm_config(style, target, layer_ids, draft_vocab_size, head_dim)
     # vLLM ignores parallel_drafting in config.json (the speculative config turns it on);
     # it marks the format so that it is not taken for a plain EAGLE-3 drafter.
     config.update(
@@ -35,7 +41,7 @@ def vllm_config(
 def expected_tensors(
     config: dict[str, Any],
 ) -> tuple[dict[str, tuple[int, ...]], dict[str, tuple[int, ...]]]:
-    required, _ = eagle3_export.expected_tensors(config)
+    required, _ = fused_tensors(config)
     h = config["hidden_size"]
     for i in range(1, config["num_hidden_layers"]):  # ordinary layers: q/k/v over H
         required.update(layer_tensors(config, i, qk_norm=config["model_type"] == "qwen3"))
@@ -45,10 +51,10 @@ def expected_tensors(
 
 
 def to_vllm(
-    state: dict[str, Tensor], cfg: PEagleConfig, target: PretrainedConfig, layer_ids: list[int]
+    state: dict[str, Tensor], cfg: PEagleConfig, target: TargetDescription, layer_ids: list[int]
 ) -> VllmDrafter:
     vd = state["lm_head.weight"].shape[0]
-    head_dim = state["layers.0.self_attn.q_proj.weight"].shape[0] // target.num_attention_heads
+    head_dim = state["layers.0.self_attn.q_proj.weight"].shape[0] // target.num_heads
     mask_id = int(state["mask_token_id"])
     config = vllm_config(cfg, target, layer_ids, vd, head_dim, mask_id)
     names = set(expected_tensors(config)[0]) - {"embed_tokens.weight"}
@@ -63,4 +69,8 @@ def to_vllm(
         method="eagle3",
         num_speculative_tokens=cfg.parallel_steps,
         extra_speculative_config={"parallel_drafting": True},
+        # vLLM turns parallel drafting on for the "peagle" speculators type by itself.
+        speculators=fused_speculators(
+            "peagle", "PEagleSpeculator", config, state, mask_token_id=mask_id
+        ),
     )

@@ -1,4 +1,4 @@
-"""The P-EAGLE draft: EAGLE-3's fused first layer and fc (imported, not copied), then
+"""The P-EAGLE draft: the family's fused first layer and fc, then
 (n-1) ordinary decoder layers, a learnable ``mask_hidden`` (pre-fc aux space) and a learnable
 embedding row for the mask token. One forward computes every sampled (anchor, depth) element.
 
@@ -11,18 +11,16 @@ from __future__ import annotations
 
 import torch
 from torch import Tensor, nn
-from transformers import PretrainedConfig
-from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
 from eagle_train.drafts import kernels
-from eagle_train.drafts.common import RMSNorm
-from eagle_train.drafts.eagle1.model import DecoderLayer
-from eagle_train.drafts.eagle3.model import DraftShape, FusedLayer
+from eagle_train.drafts.common import RMSNorm, rotary_embedding
+from eagle_train.drafts.eagle_family import DecoderLayer, DraftShape, FusedLayer
 from eagle_train.drafts.peagle.sampling import Elements, attention_mask, block_mask
+from eagle_train.target import TargetDescription
 
 
 class PEagleDraft(nn.Module):
-    def __init__(self, s: DraftShape, target: PretrainedConfig, num_layers: int) -> None:
+    def __init__(self, s: DraftShape, target: TargetDescription, num_layers: int) -> None:
         super().__init__()
         self.shape = s
         self.embed_tokens = nn.Embedding(s.vocab_size, s.hidden_size)  # frozen target copy
@@ -37,7 +35,7 @@ class PEagleDraft(nn.Module):
         self.register_buffer("d2t", torch.zeros(s.draft_vocab_size, dtype=torch.long))
         self.register_buffer("t2d", torch.ones(s.vocab_size, dtype=torch.bool))
         self.register_buffer("mask_token_id", torch.zeros((), dtype=torch.long))
-        self.rotary = LlamaRotaryEmbedding(target)
+        self.rotary = rotary_embedding(target)
         self.attention = "auto"  # dense or flex (draft.attention), a plain attribute
 
     def forward(self, aux: Tensor, input_ids: Tensor, e: Elements) -> Tensor:

@@ -8,14 +8,12 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
-from transformers import AutoTokenizer, PretrainedConfig
+from transformers import AutoTokenizer
 
 from eagle_train.data.loader import Batch
 from eagle_train.data.vocab import VocabMapping
 from eagle_train.drafts.base import StepResult, VllmDrafter
-from eagle_train.drafts.eagle3.export import layer_style
-from eagle_train.drafts.eagle3.model import DraftShape
-from eagle_train.drafts.eagle3.spec import Eagle3Spec, draft_ids
+from eagle_train.drafts.eagle_family import DraftShape, aux_layer_ids, draft_ids, layer_style
 from eagle_train.drafts.peagle import export
 from eagle_train.drafts.peagle.config import PEagleConfig
 from eagle_train.drafts.peagle.loss import depth_metrics, element_targets, peagle_loss
@@ -27,34 +25,36 @@ from eagle_train.drafts.peagle.sampling import (
     segment_grids,
     supervision,
 )
-from eagle_train.target import FrozenTarget, TargetFeatures
+from eagle_train.target import FrozenTarget, TargetDescription, TargetFeatures
+from eagle_train.target.description import Capability
 
 
 class PEagleSpec:
     name = "peagle"
     config_cls = PEagleConfig
     vllm_method = "eagle3"
+    target_needs: Capability = "aux_hidden_states"
     uses_draft_vocab = True
 
     def recognizes(self, config: dict[str, Any]) -> bool:
         return bool(config.get("parallel_drafting")) and "mask_token_id" in config
 
-    def target_layer_ids(self, cfg: PEagleConfig, target: PretrainedConfig) -> list[int]:
-        return Eagle3Spec().target_layer_ids(cfg, target)  # same rule, same error
+    def target_layer_ids(self, cfg: PEagleConfig, target: TargetDescription) -> list[int]:
+        return aux_layer_ids(cfg.aux_layer_ids, target)
 
     def build(
         self, cfg: PEagleConfig, target: FrozenTarget, vocab: VocabMapping | None
     ) -> PEagleDraft:
-        tcfg = target.config
+        desc = target.description
         mask_id = resolve_mask_token_id(cfg, target)
-        vd = len(vocab.d2t) if vocab is not None else tcfg.vocab_size
+        vd = len(vocab.d2t) if vocab is not None else desc.vocab_size
         shape = DraftShape.from_target(
-            tcfg,
-            num_aux=len(self.target_layer_ids(cfg, tcfg)),
+            desc,
+            num_aux=len(self.target_layer_ids(cfg, desc)),
             draft_vocab_size=vd,
-            qk_norm=layer_style(cfg, tcfg) == "qwen3",
+            qk_norm=layer_style(cfg.layer_style, desc) == "qwen3",
         )
-        draft = PEagleDraft(shape, tcfg, cfg.num_layers).float()
+        draft = PEagleDraft(shape, desc, cfg.num_layers).float()
         draft.attention = cfg.attention
         with torch.no_grad():
             embed = target.embed_tokens().weight.float()
@@ -138,7 +138,7 @@ class PEagleSpec:
         return out
 
     def to_vllm(
-        self, state: dict[str, Tensor], cfg: PEagleConfig, target: PretrainedConfig
+        self, state: dict[str, Tensor], cfg: PEagleConfig, target: TargetDescription
     ) -> VllmDrafter:
         return export.to_vllm(state, cfg, target, self.target_layer_ids(cfg, target))
 
@@ -150,7 +150,7 @@ class PEagleSpec:
 
 def resolve_mask_token_id(cfg: PEagleConfig, target: FrozenTarget) -> int:
     """``draft.mask_token_id``, or the target tokenizer's mask token; inside the vocab."""
-    vocab_size = target.config.vocab_size
+    vocab_size = target.description.vocab_size
     mask_id = cfg.mask_token_id
     if mask_id is None:
         path = target.model.name_or_path

