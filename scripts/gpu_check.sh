@@ -51,13 +51,13 @@ if [ "$DRY" = 1 ]; then
   # The CPU recipe (in-process vLLM engine, no hub) and toy sizes.
   export VLLM_ENABLE_V1_MULTIPROCESSING=0 HF_HUB_OFFLINE=1
   DEVICE=cpu SEQ=128 K=2 ANCHORS=8 BLOCK=4 STEPS=1 SIZES=1M BIG=llama3-8b-mini
-  CHATS=4 GEN_TOKENS=16 TRAIN_STEPS=2 EVAL_LIMIT=1 EVAL_TOKENS=8 KV="--set regenerate.kv_cache_memory_bytes=67108864"
+  CHATS=16 GEN_TOKENS=16 TRAIN_STEPS=2 EVAL_LIMIT=1 EVAL_TOKENS=8 KV="--set regenerate.kv_cache_memory_bytes=67108864"
   EVAL_KV="--set kv_cache_memory_bytes=67108864" MAXLEN=256
-  REAL_AUX="1 2 3" BIG_AUX="1 2 3" TRAIN_AUX="[1,2,3]"
+  REAL_AUX="1 2 3" BIG_AUX="1 2 3" TRAIN_AUX="[1,2,3]" BATCH=2  # 16 rows fill 2 ranks x 2
 else
   DEVICE=cuda SEQ=2048 K=7 ANCHORS=512 BLOCK=16 STEPS=3 SIZES=100M,300M BIG=llama3-8b
   CHATS=256 GEN_TOKENS=256 TRAIN_STEPS=200 EVAL_LIMIT=20 EVAL_TOKENS=256 KV="" EVAL_KV="" MAXLEN=2048
-  REAL_AUX="2 15 27" BIG_AUX="2 16 29" TRAIN_AUX=null   # vLLM's default (2, L//2, L-3)
+  REAL_AUX="2 15 27" BIG_AUX="2 16 29" TRAIN_AUX=null BATCH=8  # aux: vLLM's (2, L//2, L-3)
 fi
 
 environment() {
@@ -116,6 +116,7 @@ ddp() {
   PYTHON="$PY" NPROC=$n bash scripts/launch.sh -c configs/train/eagle3-llama-demo.yaml \
     --set target.path="$TARGET" --set data.train="$OUT/data" --set data.val=null \
     --set draft.aux_layer_ids="$TRAIN_AUX" --set data.max_length="$MAXLEN" \
+    --set data.micro_batch_size="$BATCH" \
     --set train.max_steps=$((TRAIN_STEPS < 20 ? TRAIN_STEPS : 20)) --set train.log_every=1 \
     --set train.output_dir="$OUT/ddp" "${extra[@]}" --resume auto
 }
@@ -146,6 +147,7 @@ acceptance() {
   "$PY" -m eagle_train.cli train-draft -c configs/train/eagle3-llama-demo.yaml \
     --set target.path="$TARGET" --set data.train="$OUT/data" --set data.val=null \
     --set draft.aux_layer_ids="$TRAIN_AUX" --set draft.ttt_steps=3 --set data.max_length="$MAXLEN" \
+    --set data.micro_batch_size="$BATCH" \
     --set train.max_steps="$TRAIN_STEPS" --set train.save_every="$TRAIN_STEPS" \
     --set train.output_dir="$OUT/eagle3" --resume auto || return 1
   local ckpt
