@@ -279,7 +279,6 @@ def eval_acceptance_app(
     paired statistics between drafters. Settings (evaluate/settings.py) from --config and
     --set, e.g. --set max_new_tokens=128 --set num_prompts=20; --target, --draft and --out
     are short for --set target=..., drafters=[...], output_dir=...."""
-    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     from eagle_train.evaluate.drafter import DrafterError
     from eagle_train.evaluate.harness import run_eval
     from eagle_train.evaluate.report import check_report_dir, to_markdown, write_report

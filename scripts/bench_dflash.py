@@ -78,6 +78,10 @@ def main() -> None:
     )
     print(f"measured: peak +{peak / 2**20:.1f} MiB over the loaded models, {seconds:.2f} s/step")
     print(
+        f"training tokens/s: {args.seq / seconds:.0f} sequence tokens, "
+        f"{blocks * args.block / seconds:.0f} block slots"
+    )
+    print(
         f"a dense fp32 ({dense['side']})^2 score matrix: {dense['per_head'] / 2**20:.0f} MiB "
         f"per head, {dense['all'] / 2**30:.2f} GiB for {heads} heads x {args.num_layers} "
         f"layer(s), before the probabilities and their gradient"

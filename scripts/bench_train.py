@@ -7,6 +7,8 @@ random tokens through the real target, the real draft, the real loss and MasterW
 
     python scripts/bench_train.py                       # demo target shape, seq 512/2048, K 1/3/7
     python scripts/bench_train.py --target runs/demo_world/targets/llama/bf16 --device cuda
+    python scripts/bench_train.py --seqs 2048 --attention chunked   # the exact reference kernel
+    python scripts/bench_train.py --seqs 2048 --alternate chunked,fused --steps 3
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ def run_point(args: argparse.Namespace, seq: int, k: int) -> dict:
     device = torch.device(args.device)
     target = load_target(args.target, "llama", device)
     spec = get_draft("eagle3")
-    cfg = Eagle3Config(aux_layer_ids=args.aux_layer_ids, ttt_steps=k)
+    cfg = Eagle3Config(aux_layer_ids=args.aux_layer_ids, ttt_steps=k, attention=args.attention)
     draft = spec.build(cfg, target, None).to(device=device, dtype=torch.bfloat16)
     optimizer = create_optimizer(draft, OptimConfig(lr=1e-4))
     vocab = target.config.vocab_size
@@ -56,17 +58,74 @@ def run_point(args: argparse.Namespace, seq: int, k: int) -> dict:
     }
 
 
+def alternate(args: argparse.Namespace, seq: int, k: int, backends: list[str]) -> dict:
+    """Step time of each attention kernel, steps alternating between them in this process
+    (a load change on a shared machine then hits every kernel alike); median per kernel."""
+    import statistics
+    import time
+
+    import torch
+
+    from eagle_train.drafts.base import Batch
+    from eagle_train.drafts.eagle3.config import Eagle3Config
+    from eagle_train.drafts.eagle_family import set_backend
+    from eagle_train.drafts.registry import get_draft
+    from eagle_train.optim import OptimConfig, create_optimizer
+
+    torch.manual_seed(0)
+    device = torch.device(args.device)
+    target = load_target(args.target, "llama", device)
+    spec = get_draft("eagle3")
+    cfg = Eagle3Config(aux_layer_ids=args.aux_layer_ids, ttt_steps=k)
+    draft = spec.build(cfg, target, None).to(device=device, dtype=torch.bfloat16)
+    optimizer = create_optimizer(draft, OptimConfig(lr=1e-4))
+    ids = torch.randint(3, target.config.vocab_size, (args.batch, seq), device=device)
+    ones = torch.ones_like(ids)
+    batch = Batch(ids, ones, ones, torch.full((args.batch,), seq, device=device))
+    features = target.features(ids, ones, spec.target_layer_ids(cfg, target.config))
+    times: dict[str, list[float]] = {b: [] for b in backends}
+    for i in range(args.steps + 1):  # the first round is a warm-up
+        for backend in backends if i % 2 == 0 else backends[::-1]:
+            set_backend(draft, backend)
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            start = time.perf_counter()
+            spec.compute_loss(draft, features, batch, cfg).loss.backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            if i:
+                times[backend].append(time.perf_counter() - start)
+    return {"seq": seq, "K": k, **{b: statistics.median(t) for b, t in times.items()}}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--target", default=None, help="HF target dir (default: demo shape)")
     parser.add_argument("--aux-layer-ids", type=int, nargs=3, default=[1, 2, 3])
     parser.add_argument("--device", default="cpu")
+    parser.add_argument("--attention", default="auto", help="draft.attention: auto/chunked/...")
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--seqs", type=int, nargs="+", default=[512, 2048])
     parser.add_argument("--ks", type=int, nargs="+", default=[1, 3, 7])
+    parser.add_argument(
+        "--alternate",
+        help="comma list of draft.attention kernels: time the draft step (target features "
+        "computed once) alternating between them, e.g. chunked,fused",
+    )
     parser.add_argument("--point", type=int, nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.alternate:
+        backends = args.alternate.split(",")
+        for seq in args.seqs:
+            for k in args.ks:
+                row = alternate(args, seq, k, backends)
+                times = "  ".join(f"{b} {row[b]:.3f}s" for b in backends)
+                ratio = row[backends[0]] / row[backends[-1]]
+                print(f"seq {seq:5d}  K {k}  draft step: {times}  ratio {ratio:.2f}x", flush=True)
+        return
     if args.point:
         print(json.dumps(run_point(args, *args.point)))
         return

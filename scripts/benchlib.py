@@ -11,13 +11,52 @@ import torch
 
 from eagle_train.target import FrozenTarget
 
+# Random targets of a real model's shape (no download): ``--target llama3-8b``. The
+# "-mini" one keeps the architecture at toy size for CPU dry runs.
+SHAPES = {
+    "llama3-8b": dict(
+        hidden_size=4096,
+        intermediate_size=14336,
+        num_hidden_layers=32,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        vocab_size=128256,
+        rope_theta=500000.0,
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=False,
+    ),
+    "llama3-8b-mini": dict(
+        hidden_size=256,
+        intermediate_size=896,
+        num_hidden_layers=4,
+        num_attention_heads=8,
+        num_key_value_heads=2,
+        vocab_size=4096,
+        rope_theta=500000.0,
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=False,
+    ),
+}
+
 
 def load_target(
     path: str | None, family: str, device: torch.device, max_positions: int = 2048
 ) -> FrozenTarget:
-    """A bf16 target: ``path`` through from_pretrained, else the default demo target's
-    architecture (``family``) with random weights, covering ``max_positions``."""
-    from transformers import AutoModelForCausalLM, LlamaForCausalLM, Qwen3ForCausalLM
+    """A bf16 target: ``path`` through from_pretrained, a random target of a named shape
+    (``SHAPES``, built on ``device``), else the default demo target's architecture
+    (``family``) with random weights, covering ``max_positions``."""
+    from transformers import (
+        AutoModelForCausalLM,
+        LlamaConfig,
+        LlamaForCausalLM,
+        Qwen3ForCausalLM,
+    )
+
+    if path in SHAPES:
+        config = LlamaConfig(**SHAPES[path], max_position_embeddings=max(8192, max_positions))
+        with torch.device(device):
+            model = LlamaForCausalLM(config).to(torch.bfloat16)
+        return FrozenTarget(model)
 
     from eagle_train.config import load_config
     from eagle_train.demo.build import DemoConfig

@@ -236,3 +236,27 @@ def test_vllm_backend_matches_transformers(tmp_path, model_dir):
     assert jsonl["vllm"] == jsonl["transformers"]
     assert len(jsonl["vllm"]) == 5
     assert read_meta(tmp_path / "vllm" / "out")["regeneration"]["backend"] == "vllm"
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_data_parallel_vllm_engines_match_transformers(tmp_path, model_dir):
+    """Two vLLM engines, each in its own process (one per GPU on a GPU machine), split the
+    prompts and return them in order: the same greedy text as transformers. A shard
+    returned out of order or a prompt lost between engines fails it."""
+    cfg = make_cfg(tmp_path, model_dir, max_new_tokens=16, kv_cache_memory_bytes=64 * 2**20)
+    cfg.max_length = 256
+    cfg.output_dir = tmp_path / "hf" / "out"
+    expected = [r["messages"] for r in read_jsonl(prepare_data(cfg).regeneration.path)]
+    cfg.output_dir = tmp_path / "dp" / "out"
+    cfg.regenerate.backend = "vllm"
+    cfg.regenerate.data_parallel_size = 2
+    cfg.regenerate.batch_size = 5  # one batch of 5 prompts: shards of 2 and 3
+    report = prepare_data(cfg)
+    assert [r["messages"] for r in read_jsonl(report.regeneration.path)] == expected
+
+
+def test_parallel_regeneration_needs_vllm(tmp_path, model_dir):
+    cfg = make_cfg(tmp_path, model_dir, data_parallel_size=2)
+    with pytest.raises(ValueError, match="data_parallel_size / tensor_parallel_size need the vllm"):
+        prepare_data(cfg)

@@ -54,11 +54,11 @@ def test_turns_and_greedy_equality():
         _record("ngram", 2, 1, 1, 1, [1]),  # same
     ]
     d = summarize(run)["drafters"]["ngram"]
-    assert d["greedy_equal"] == {"equal": 2, "compared": 3}
+    assert d["greedy_equal_to_target"] == {"equal": 2, "requests": 3}
     # turn 1: (2 + 1) accepted over (4 + 1) drafts; turn 2: 0 over 2
     assert d["turns"]["1"]["acceptance_length"] == 1 + 3 / 5
     assert d["turns"]["2"]["acceptance_length"] == 1.0
     assert d["overall"]["acceptance_length"] == 1 + 3 / 7
     text = to_markdown(summarize(run))
     assert "| turn 1 | 2 | 1.600 |" in text
-    assert "Greedy output identical to the target alone: 2 of 3" in text
+    assert "Greedy outputs equal to the target alone's: 2 of 3" in text

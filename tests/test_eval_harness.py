@@ -12,7 +12,7 @@ from transformers import AutoTokenizer
 from eagle_train.evaluate.harness import EvalSettings, run_eval
 from eagle_train.evaluate.report import write_report
 
-pytestmark = pytest.mark.vllm
+pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 K = 3
 
 
@@ -77,6 +77,24 @@ def test_both_turns_use_the_targets_own_first_answer(evaluated: dict) -> None:
     for name in (evaluated["perfect"], evaluated["random"]):  # greedy: lossless
         outs = [r["output"] for r in records if r["model"] == str(name)]
         assert outs == [r["output"] for r in target]
+        d = evaluated["summary"]["drafters"][str(name)]
+        assert d["greedy_equal_to_target"] == {"equal": 4, "requests": 4}
+
+
+def test_target_and_drafters_are_timed_in_alternating_rounds(evaluated: dict) -> None:
+    # 2 prompts per turn, rounds of 8 requests: one round per turn and drafter, each
+    # timing both engines on the same requests (the target alone is re-timed per drafter).
+    run = evaluated["run"]
+    for name in (evaluated["perfect"], evaluated["random"]):
+        rounds = run.rounds[str(name)]
+        assert [(r.index, r.target_first) for r in rounds] == [(0, True), (1, True)]
+        assert all(r.target_tokens == r.drafter_tokens == 2 * 16 for r in rounds)
+        speed = evaluated["summary"]["drafters"][str(name)]["speedup"]
+        assert speed["rounds"] == 2 and speed["median"] > 0
+        assert (
+            speed["tokens_per_target_step"]
+            == (evaluated["summary"]["drafters"][str(name)]["overall"]["acceptance_length"])
+        )
 
 
 def test_report_files_and_paired_statistics(evaluated: dict) -> None:

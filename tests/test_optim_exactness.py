@@ -181,3 +181,28 @@ def test_step_evaluates_closure_and_returns_loss() -> None:
     assert float(opt.step(closure).detach()) == 8.0
     assert torch.all(p < 1.0)
     assert opt.step() is None  # no closure: the same grads are applied again
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_compiled_falls_back_to_fused_before_touching_anything() -> None:
+    """A transposed (non-contiguous) parameter cannot take the flat compiled kernel: the
+    optimizer warns, switches to torch's fused kernel and the result is still bitwise
+    torch's AdamW; an update applied twice or a step counter advanced twice fails it."""
+    g = torch.Generator().manual_seed(0)
+    ours = nn.Parameter(torch.randn(16, 8, generator=g).bfloat16().t())
+    ref = nn.Parameter(ours.detach().float())
+    opt = MasterWeightAdamW([ours], **HYPER, implementation="compiled")
+    ref_opt = torch.optim.AdamW([ref], **HYPER, fused=True)
+    for step in range(3):
+        grad = torch.randn(8, 16, generator=g)
+        ours.grad, ref.grad = grad.bfloat16(), grad.bfloat16().float()
+        if step == 0:
+            with pytest.warns(RuntimeWarning, match="could not run"):
+                opt.step()
+        else:
+            opt.step()
+        ref_opt.step()
+    assert opt.implementation == "fused"
+    assert int(opt.state[ours]["step"]) == 3
+    assert torch.equal(opt.state[ours]["master"], ref.detach())
+    assert torch.equal(opt.state[ours]["exp_avg_sq"], ref_opt.state[ref]["exp_avg_sq"])

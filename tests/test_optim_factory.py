@@ -67,7 +67,7 @@ def test_create_optimizer_builds_master_weight_adamw_with_names() -> None:
     cfg = OptimConfig(lr=3e-4, betas=(0.8, 0.9), eps=1e-6, weight_decay=0.1)
     opt = create_optimizer(model, cfg)
     assert isinstance(opt, MasterWeightAdamW)
-    assert opt.implementation == "fused"
+    assert opt.implementation == "compiled"  # auto: the fastest exact-enough kernel
     assert [g["weight_decay"] for g in opt.param_groups] == [0.1, 0.0]
     assert all(g["lr"] == 3e-4 and g["betas"] == (0.8, 0.9) for g in opt.param_groups)
     assert all(g["decoupled_weight_decay"] for g in opt.param_groups)
@@ -77,6 +77,7 @@ def test_create_optimizer_builds_master_weight_adamw_with_names() -> None:
     assert {id(p) for g in opt.param_groups for p in g["params"]} == trainable
     adam = create_optimizer(model, cfg.model_copy(update={"name": "adam"}))
     assert isinstance(adam, MasterWeightAdamW)
+    assert adam.implementation == "fused"  # the compiled kernel is AdamW (decoupled) only
     assert not adam.param_groups[0]["decoupled_weight_decay"]
 
 

@@ -31,6 +31,8 @@ class GenerationSettings:
     pad_token_id: int
     max_model_len: int
     kv_cache_memory_bytes: int | None = None
+    tensor_parallel_size: int = 1  # GPUs one engine spans
+    data_parallel_size: int = 1  # engines, each in its own process on its own GPU(s)
 
     @property
     def greedy(self) -> bool:
@@ -68,7 +70,15 @@ def create_backend(
         name = "vllm" if vllm_available() else "transformers"
     logger.info("regenerating with the %s backend (%s, dtype %s)", name, model, settings.dtype)
     if name == "vllm":
+        if settings.data_parallel_size > 1:
+            from eagle_train.data.engines import DataParallelVllmBackend
+
+            return DataParallelVllmBackend(model, tokenizer, settings, settings.data_parallel_size)
         return VllmBackend(model, tokenizer, settings)
+    if settings.data_parallel_size > 1 or settings.tensor_parallel_size > 1:
+        raise ValueError(
+            "regenerate.data_parallel_size / tensor_parallel_size need the vllm backend"
+        )
     return TransformersBackend(model, settings)
 
 
@@ -167,6 +177,7 @@ class VllmBackend:
             kv_cache_memory_bytes=settings.kv_cache_memory_bytes,
             seed=settings.seed,
             tokenizer=tokenizer,
+            tensor_parallel_size=settings.tensor_parallel_size,
         ).open()
 
     def generate(

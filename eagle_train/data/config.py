@@ -36,6 +36,11 @@ class RegenerateConfig(StrictModel):
     answer_trailing_user: bool = True
     # vLLM KV-cache size; None -> the engine's default (eagle_train.engine.resolve_kv_cache_bytes).
     kv_cache_memory_bytes: int | None = Field(default=None, gt=0)
+    # Several GPUs: engines that each hold the whole target, one per GPU (prompts split
+    # between them; the output equals one engine's), and/or one engine tensor-parallel
+    # over this many GPUs for a target that does not fit on one. Uses dp x tp GPUs.
+    data_parallel_size: int = Field(default=1, ge=1)
+    tensor_parallel_size: int = Field(default=1, ge=1)
 
 
 class VocabConfig(StrictModel):

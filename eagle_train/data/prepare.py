@@ -225,6 +225,8 @@ def open_backend(cfg: PrepareDataConfig, renderer: ChatRenderer) -> GenerationBa
         pad_token_id=plan.stop_token_ids[0] if pad is None else pad,
         max_model_len=plan.max_model_len,
         kv_cache_memory_bytes=rc.kv_cache_memory_bytes,
+        tensor_parallel_size=rc.tensor_parallel_size,
+        data_parallel_size=rc.data_parallel_size,
     )
     return create_backend(rc.backend, rc.model or cfg.tokenizer, cfg.tokenizer, gen)
 

@@ -9,10 +9,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
+from eagle_train.drafts import kernels
 from eagle_train.drafts.base import SpeculatorsFields
 from eagle_train.drafts.common import (
     MLP,
@@ -58,6 +58,13 @@ def aux_layer_ids(configured: list[int] | None, target: TargetDescription) -> li
     return sorted(ids)
 
 
+def set_backend(model: nn.Module, backend: str) -> None:
+    """Use ``backend`` in every attention module of ``model`` (a plain attribute: not saved)."""
+    for module in model.modules():
+        if isinstance(module, Attention):
+            module.backend = backend
+
+
 class Attention(nn.Module):
     """q/k/v over the 2H input ``cat(norm(embed), hidden_norm(h))``; optional q/k norm.
 
@@ -74,6 +81,7 @@ class Attention(nn.Module):
         if s.qk_norm:
             self.q_norm = RMSNorm(s.head_dim, s.rms_norm_eps)
             self.k_norm = RMSNorm(s.head_dim, s.rms_norm_eps)
+        self.backend = "auto"  # TTT attention kernel (draft.attention), set by set_backend
 
     def project(self, x: Tensor, rope: tuple[Tensor, Tensor]) -> tuple[Tensor, Tensor, Tensor]:
         """(B,T,in) -> q (B,h,T,D) and k, v repeated to h heads (GQA), rotary applied."""
@@ -116,7 +124,7 @@ class DecoderLayer(nn.Module):
         self,
         h: Tensor,
         rope: tuple[Tensor, Tensor],
-        mask: Tensor | None = None,
+        mask: object = None,
         kv: LayerKV | None = None,
     ) -> Tensor:
         """``h`` (B,N,H). Attention: ``mask`` (B,1,N,N) bool (True = may attend); None and
@@ -126,9 +134,9 @@ class DecoderLayer(nn.Module):
         if kv:  # chain step >= 1: causal step-0 keys + this slot's own chain
             kd = torch.stack([kj for kj, _ in kv[1:]] + [k], dim=3)
             vd = torch.stack([vj for _, vj in kv[1:]] + [v], dim=3)
-            attn = ttt_attention(q, kv[0][0], kv[0][1], kd, vd)
+            attn = ttt_attention(q, kv[0][0], kv[0][1], kd, vd, self.self_attn.backend)
         else:
-            attn = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None)
+            attn = kernels.masked_attention(q, k, v, mask)
         if kv is not None:
             kv.append((k, v))
         b, _, n, _ = attn.shape

@@ -9,6 +9,9 @@ the scores chunk by chunk. Saved for backward: the inputs, the output and the ro
 log-sum-exp, O(K T D). Scores are computed in fp32 whatever the input dtype.
 
 Right padding needs no mask: a valid query's causal keys are all valid.
+
+This exact path is the reference; ``drafts/kernels.py`` holds the fast ones (``fused`` on
+CPU, ``flex`` on CUDA), chosen by the ``backend`` argument and tested equal to it.
 """
 
 from __future__ import annotations
@@ -18,16 +21,26 @@ import math
 import torch
 from torch import Tensor
 
+from eagle_train.drafts import kernels
+
 # Transient score memory per chunk (bytes); bounds the chunk of queries processed at once.
 _CHUNK_BYTES = 64 * 2**20
 
 
-def ttt_attention(q: Tensor, k0: Tensor, v0: Tensor, kd: Tensor, vd: Tensor) -> Tensor:
+def ttt_attention(
+    q: Tensor, k0: Tensor, v0: Tensor, kd: Tensor, vd: Tensor, backend: str = "chunked"
+) -> Tensor:
     """Softmax attention of ``q`` over causal ``k0/v0`` plus per-slot diagonal ``kd/vd``.
 
     Shapes: q, k0, v0 ``(B, h, T, D)`` (k0/v0 already repeated for GQA); kd, vd
     ``(B, h, T, J, D)`` with J >= 0 extra keys per slot. Returns ``(B, h, T, D)`` in q's dtype.
+    ``backend``: chunked (exact reference), fused, flex or auto (see ``drafts/kernels.py``).
     """
+    backend = kernels.resolve(backend, q.device, cpu_default="fused")
+    if backend == "fused" and kd.shape[3] > 0:
+        return kernels.causal_plus_extra(q, k0, v0, kd, vd)
+    if backend == "flex" and kd.shape[3] > 0:
+        return kernels.flex_causal_plus_extra(q, k0, v0, kd, vd)
     return _TTTAttention.apply(q, k0, v0, kd, vd)
 
 

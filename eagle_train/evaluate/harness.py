@@ -1,5 +1,7 @@
-"""The acceptance-length harness: target alone, then each drafter, same prompts, greedy,
-one request at a time, counters read as deltas around every request.
+"""The acceptance-length harness: the target alone and each drafter on the same prompts,
+greedy, one request at a time, counters read as deltas around every request. The target
+alone and the drafter take turns in rounds of requests (``rounds.py``), each engine alive in
+its own process, so a load change on the machine cannot skew their speed ratio.
 
 Turn 2 of a multi-turn prompt is asked with the target's own first answer in the context
 (taken from the no-draft run; greedy speculative decoding would produce the same answer).
@@ -10,15 +12,16 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-from tqdm import tqdm
 from transformers import AutoTokenizer
 
 from eagle_train.engine import VllmEngine
+from eagle_train.engine.remote import Remote
+from eagle_train.engine.vllm_engine import Measured, cuda_available
 from eagle_train.evaluate.drafter import DrafterInfo, inspect_drafter
 from eagle_train.evaluate.prompts import EvalPrompt, load_prompts
+from eagle_train.evaluate.rounds import Round, interleave
 from eagle_train.evaluate.settings import EvalSettings
 from eagle_train.target import load_target_description
 from eagle_train.target.location import from_pretrained
@@ -38,6 +41,7 @@ class EvalRun:
     settings: EvalSettings
     drafters: list[DrafterInfo]
     records: list[dict[str, Any]] = field(default_factory=list)
+    rounds: dict[str, list[Round]] = field(default_factory=dict)  # per drafter
 
 
 def run_eval(settings: EvalSettings) -> EvalRun:
@@ -53,39 +57,140 @@ def run_eval(settings: EvalSettings) -> EvalRun:
     run = EvalRun(settings=settings, drafters=infos)
     kw = settings.chat_template_kwargs
     first = [Request(p, 1, _render(tokenizer, p, [], kw)) for p in prompts]
-    second: list[Request] = []
-    if settings.baseline:
-        with _engine(settings, None) as engine:
-            _warm_up(engine, first[0])
-            answers = _serve(engine, first, "target", run.records, settings)
-            second = [
-                Request(
-                    p,
-                    2,
-                    _render(tokenizer, p, [str(tokenizer.decode(a, skip_special_tokens=True))], kw),
-                )
-                for p, a in zip(prompts, answers, strict=True)
-                if settings.turns == 2 and len(p.turns) > 1
-            ]
-            _serve(engine, second, "target", run.records, settings)
-    for info in infos:
-        with _engine(settings, info) as engine:
-            _warm_up(engine, first[0])
-            _serve(engine, first + second, str(info.path), run.records, settings)
+    if not settings.baseline:  # drafters alone (acceptance during training): no speed ratio
+        for info in infos:
+            with _open(settings, info, alive=1) as engine:
+                _warm_up(engine, first[0])
+                _record(run.records, str(info.path), first, engine.measure(first, settings))
+        return run
+    alive = 2 if infos else 1
+    with _open(settings, None, alive) as target:
+        _warm_up(target, first[0])
+        if not infos:
+            answers = target.measure(first, settings)
+            _record(run.records, "target", first, answers)
+            second = _second_turn(tokenizer, prompts, answers, settings)
+            _record(run.records, "target", second, target.measure(second, settings))
+        for i, info in enumerate(infos):
+            with _open(settings, info, alive) as drafter:
+                _warm_up(drafter, first[0])
+                rounds = run.rounds.setdefault(str(info.path), [])
+                t1 = _interleaved(target, drafter, first, str(info.path), run, i == 0, rounds)
+                if i == 0:
+                    second = _second_turn(tokenizer, prompts, t1, settings)
+                _interleaved(target, drafter, second, str(info.path), run, i == 0, rounds)
     return run
 
 
-def _engine(settings: EvalSettings, drafter: DrafterInfo | None) -> VllmEngine:
-    return VllmEngine(
-        settings.target,
-        dtype=settings.dtype,
-        max_model_len=settings.max_model_len,
-        kv_cache_memory_bytes=settings.kv_cache_memory_bytes,
-        speculative_config=drafter.speculative_config() if drafter else None,
+def _second_turn(
+    tokenizer: Any, prompts: list[EvalPrompt], answers: list[Measured], settings: EvalSettings
+) -> list[Request]:
+    """Turn 2 of every two-turn prompt, with the target's own first answer in the context."""
+    return [
+        Request(
+            p,
+            2,
+            _render(
+                tokenizer,
+                p,
+                [str(tokenizer.decode(a.tokens, skip_special_tokens=True))],
+                settings.chat_template_kwargs,
+            ),
+        )
+        for p, a in zip(prompts, answers, strict=True)
+        if settings.turns == 2 and len(p.turns) > 1
+    ]
+
+
+def _interleaved(
+    target: EngineProcess,
+    drafter: EngineProcess,
+    requests: list[Request],
+    name: str,
+    run: EvalRun,
+    record_target: bool,
+    rounds: list[Round],
+) -> list[Measured]:
+    """Both engines in alternating rounds; records the drafter's (and, once, the target's)
+    requests and appends the rounds. Returns the target's measurements."""
+    if not requests:
+        return []
+    t, d, new_rounds = interleave(
+        target,
+        drafter,
+        [r.token_ids for r in requests],
+        _sampling(run.settings),
+        run.settings.round_size,
+    )
+    offset = len(rounds)
+    for r in new_rounds:
+        r.index += offset
+    rounds.extend(new_rounds)
+    size = run.settings.round_size
+    round_of = [offset + i // size for i in range(len(requests))]
+    if record_target:
+        _record(run.records, "target", requests, t, round_of)
+    _record(run.records, name, requests, d, round_of)
+    return t
+
+
+class EngineProcess:
+    """A ``VllmEngine`` in its own process when two engines must be alive at once
+    (``separate``), else in this one."""
+
+    def __init__(self, kwargs: dict[str, Any], separate: bool) -> None:
+        self.engine: Any = Remote(_open_engine, kwargs) if separate else _open_engine(kwargs)
+
+    def _call(self, method: str, *args: Any) -> Any:
+        if isinstance(self.engine, Remote):
+            return self.engine.call(method, *args)
+        return getattr(self.engine, method)(*args)
+
+    def generate(self, prompts: list[list[int]], sampling: dict[str, Any]) -> list[list[int]]:
+        return self._call("generate", prompts, sampling)
+
+    def generate_one_by_one(
+        self, prompts: list[list[int]], sampling: dict[str, Any]
+    ) -> list[Measured]:
+        return self._call("generate_one_by_one", prompts, sampling)
+
+    def measure(self, requests: list[Request], settings: EvalSettings) -> list[Measured]:
+        return self.generate_one_by_one([r.token_ids for r in requests], _sampling(settings))
+
+    def __enter__(self) -> EngineProcess:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.engine.close()
+
+
+def _open_engine(kwargs: dict[str, Any]) -> VllmEngine:
+    return VllmEngine(**kwargs).open()
+
+
+def _open(settings: EvalSettings, drafter: DrafterInfo | None, alive: int) -> EngineProcess:
+    """An engine process; on CUDA the ``alive`` engines sharing the GPU split its memory."""
+    share = settings.gpu_memory_utilization
+    if share is None and alive > 1 and cuda_available():
+        share = 0.9 / alive
+    return EngineProcess(
+        dict(
+            model=settings.target,
+            dtype=settings.dtype,
+            max_model_len=settings.max_model_len,
+            kv_cache_memory_bytes=settings.kv_cache_memory_bytes,
+            speculative_config=drafter.speculative_config() if drafter else None,
+            gpu_memory_utilization=share,
+        ),
+        separate=alive > 1,
     )
 
 
-def _warm_up(engine: VllmEngine, request: Request) -> None:
+def _sampling(settings: EvalSettings) -> dict[str, Any]:
+    return dict(temperature=0.0, max_tokens=settings.max_new_tokens, ignore_eos=settings.ignore_eos)
+
+
+def _warm_up(engine: EngineProcess, request: Request) -> None:
     """One untimed request: the first one of an engine pays one-off setup costs."""
     engine.generate([request.token_ids], dict(temperature=0.0, max_tokens=8))
 
@@ -105,26 +210,21 @@ def _render(
     )["input_ids"]
 
 
-def _serve(
-    engine: VllmEngine,
-    requests: list[Request],
-    name: str,
+def _record(
     records: list[dict[str, Any]],
-    settings: EvalSettings,
-) -> list[list[int]]:
-    sampling = dict(
-        temperature=0.0, max_tokens=settings.max_new_tokens, ignore_eos=settings.ignore_eos
-    )
-    outputs = []
-    for req in tqdm(requests, desc=f"{Path(name).name}", leave=False):
-        tokens, delta, seconds = engine.generate_measured(req.token_ids, sampling)
-        outputs.append(tokens)
+    name: str,
+    requests: list[Request],
+    measured: list[Measured],
+    rounds: list[int] | None = None,
+) -> None:
+    for i, (req, (tokens, delta, seconds)) in enumerate(zip(requests, measured, strict=True)):
         records.append(
             {
                 "model": name,
                 "id": req.prompt.id,
                 "category": req.prompt.category,
                 "turn": req.turn,
+                "round": None if rounds is None else rounds[i],
                 "prompt_tokens": len(req.token_ids),
                 "new_tokens": len(tokens),
                 "seconds": seconds,
@@ -135,4 +235,3 @@ def _serve(
                 "output": tokens,
             }
         )
-    return outputs

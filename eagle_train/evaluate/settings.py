@@ -37,6 +37,11 @@ class EvalSettings(AcceptanceSettings):
     output_dir: Path = Path("runs/eval")
     # Template variables for the prompts, as the server runs them (e.g. enable_thinking).
     chat_template_kwargs: dict[str, Any] = {}
+    # Requests per measurement round: the target alone and each drafter take turns round by
+    # round (each engine in its own process), so a load change hits both sides of a round.
+    round_size: int = Field(default=8, ge=1)
+    # vLLM's GPU memory share per engine; None: 0.9 split between the engines alive at once.
+    gpu_memory_utilization: float | None = Field(default=None, gt=0, le=1)
 
 
 class TrainAcceptance(AcceptanceSettings):

@@ -13,7 +13,7 @@ from eagle_train.config import StrictModel
 
 OptimizerName = Literal["adamw", "adam", "sgd"]
 StorageDtype = Literal["auto", "bfloat16", "float16", "float32"]
-Implementation = Literal["fused", "foreach", "compiled"]
+Implementation = Literal["auto", "fused", "foreach", "compiled"]
 ScheduleName = Literal["constant", "cosine"]
 
 
@@ -40,14 +40,23 @@ class OptimConfig(StrictModel):
         description="resident dtype of the draft; 'auto' = the target's dtype",
     )
     implementation: Implementation = Field(
-        default="fused",
+        default="auto",
         description=(
             "update kernel: 'fused' (torch's fused AdamW on the fp32 masters, bit-exact vs "
             "torch.optim.AdamW(fused=True)), 'foreach' (bit-exact vs foreach=True), "
-            "'compiled' (one torch.compile'd pass that also reads the bf16 grad and writes "
-            "the bf16 param; fastest, compiles once per run)"
+            "'compiled' (one torch.compile'd multi-tensor pass per parameter group that also "
+            "reads the bf16 grad and writes the bf16 param; fastest, compiles once per run, "
+            "falls back to 'fused' if it cannot compile), 'auto' (compiled for AdamW with "
+            "fp32 master weights, else fused)"
         ),
     )
+
+    def kernel(self) -> Literal["fused", "foreach", "compiled"]:
+        """The implementation 'auto' stands for: the fastest one this optimizer has."""
+        if self.implementation != "auto":
+            return self.implementation
+        return "compiled" if self.fp32_master_weights and self.name == "adamw" else "fused"
+
     schedule: ScheduleName = "cosine"
     warmup_steps: int = Field(default=0, ge=0)
     min_lr_ratio: float = Field(default=0.1, ge=0.0, le=1.0)

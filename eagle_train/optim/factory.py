@@ -42,14 +42,14 @@ def create_optimizer(model: nn.Module, cfg: OptimConfig) -> torch.optim.Optimize
             eps=cfg.eps,
             weight_decay=cfg.weight_decay,
             decoupled_weight_decay=cfg.name == "adamw",
-            implementation=cfg.implementation,
+            implementation=cfg.kernel(),
         )
-    if cfg.implementation == "compiled":
+    if cfg.kernel() == "compiled":
         raise ValueError(
             f"optim.implementation=compiled exists for fp32 master weights only; with {OPT_OUT} "
             "use optim.implementation=fused or foreach"
         )
-    kernel = {"fused": True} if cfg.implementation == "fused" else {"foreach": True}
+    kernel = {"fused": True} if cfg.kernel() == "fused" else {"foreach": True}
     if cfg.name == "sgd":
         return torch.optim.SGD(groups, lr=cfg.lr, momentum=cfg.momentum, **kernel)
     optimizer = torch.optim.AdamW if cfg.name == "adamw" else torch.optim.Adam

@@ -7,8 +7,9 @@ Two kinds of path, both vectorised, both updating plain (local) tensors in place
   masters into the low-precision params. The arithmetic IS torch's, so master and moments
   are bitwise equal to ``torch.optim.AdamW`` with the same kernel on an fp32 model. Cost:
   two extra passes (grad cast, param copy-back), ~40 bytes moved per param instead of 28.
-- ``CompiledAdamW``: one ``torch.compile`` d elementwise pass per tensor that reads the bf16
-  gradient and writes the bf16 param itself (28 bytes per param, the floor). Its rounding
+- ``CompiledAdamW``: one ``torch.compile`` d elementwise pass that reads the bf16 gradient
+  and writes the bf16 param itself (28 bytes per param, the floor), one call per parameter
+  group (a multi-tensor kernel). Its rounding
   follows torch's fused CPU AdamW vector loop step by step, FMAs included, so on CPU it is
   bitwise equal to ``AdamW(fused=True)`` except on the last ``numel % 16`` elements of a
   tensor, which torch's kernel handles in a scalar loop with another FMA placement (one
@@ -169,53 +170,52 @@ def step_scalars(hp: AdamHyper, step: float, device: torch.device) -> Tensor:
     return torch.tensor(values, dtype=torch.float32, device=device)
 
 
-class CompiledAdamW:
-    """The single-pass update: one compiled kernel call per tensor.
+def _adamw_multi(
+    masters: list[Tensor],
+    grads: list[Tensor],
+    exp_avgs: list[Tensor],
+    exp_avg_sqs: list[Tensor],
+    params: list[Tensor | None],
+    scalars: Tensor,
+) -> None:
+    """``_adamw_kernel`` over lists of tensors: traced into one graph, so one call updates a
+    whole parameter group (small tensors pay no per-tensor call and guard overhead)."""
+    for i in range(len(masters)):
+        _adamw_kernel(masters[i], grads[i], exp_avgs[i], exp_avg_sqs[i], params[i], scalars)
 
-    Compiled lazily with dynamic shapes on 1-D views, so one graph serves every tensor
-    size (plus one per param dtype / device). ``warm_up`` compiles on tiny tensors first,
-    so a compiler failure is reported before any real tensor has been touched.
+
+class CompiledAdamW:
+    """The single-pass update: one compiled multi-tensor call per parameter group and step.
+
+    Compiled lazily for the group's list of tensor shapes (a model's groups are fixed, so
+    once per group). A compiler failure raises before any tensor is written (the step
+    counters are advanced only after the update), so the caller can fall back.
     """
 
     def __init__(self) -> None:
         self._kernel = torch.compile(
-            _adamw_kernel, dynamic=True, fullgraph=True, options=COMPILE_OPTIONS
+            _adamw_multi, dynamic=False, fullgraph=True, options=COMPILE_OPTIONS
         )
-        self._warm: set[tuple[torch.device, torch.dtype | None]] = set()
-
-    def warm_up(self, batch: UpdateBatch) -> None:
-        """Compile (once per device and param dtype) on 64-element dummies."""
-        for master, param in zip(batch.masters, batch.params, strict=True):
-            key = (master.device, None if param is None else param.dtype)
-            if key in self._warm:
-                continue
-            low = torch.float32 if param is None else param.dtype
-            f32 = [torch.zeros(64, device=master.device) for _ in range(3)]
-            grad = torch.zeros(64, dtype=low, device=master.device)
-            out = None if param is None else torch.zeros(64, dtype=low, device=master.device)
-            hp = AdamHyper(1e-3, 0.9, 0.999, 1e-8, 0.0, True)
-            self._kernel(f32[0], grad, f32[1], f32[2], out, step_scalars(hp, 1.0, master.device))
-            self._warm.add(key)
 
     def update(self, batch: UpdateBatch, hp: AdamHyper) -> None:
         if not hp.decoupled:
             raise ValueError("the compiled AdamW kernel implements decoupled weight decay only")
-        scalars: dict[tuple[torch.device, float], Tensor] = {}
-        for i in range(len(batch)):
-            step = batch.steps[i]
-            step.add_(1.0)
-            key = (batch.masters[i].device, float(step))
-            if key not in scalars:
-                scalars[key] = step_scalars(hp, key[1], key[0])
-            param = batch.params[i]
+        by_step: dict[tuple[torch.device, float], list[int]] = {}
+        for i in range(len(batch)):  # params of one group normally share their step
+            key = (batch.masters[i].device, float(batch.steps[i]) + 1.0)
+            by_step.setdefault(key, []).append(i)
+        for (device, step), idx in by_step.items():
+            params = [batch.params[i] for i in idx]
             self._kernel(
-                _flat(batch.masters[i]),
-                _flat(batch.grads[i]),
-                _flat(batch.exp_avgs[i]),
-                _flat(batch.exp_avg_sqs[i]),
-                None if param is None else _flat(param),
-                scalars[key],
+                [_flat(batch.masters[i]) for i in idx],
+                [_flat(batch.grads[i]) for i in idx],
+                [_flat(batch.exp_avgs[i]) for i in idx],
+                [_flat(batch.exp_avg_sqs[i]) for i in idx],
+                [None if p is None else _flat(p) for p in params],
+                step_scalars(hp, step, device),
             )
+            for i in idx:
+                batch.steps[i].add_(1.0)
 
 
 def _flat(t: Tensor) -> Tensor:

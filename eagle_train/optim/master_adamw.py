@@ -89,8 +89,7 @@ class MasterWeightAdamW(torch.optim.Optimizer):
                 continue
             hp = _hyper(group)
             if self._compiled is not None:
-                if self._compiled_ready(batch):
-                    self._compiled.update(batch, hp)
+                if self._compiled_update(batch, hp):
                     continue
                 batch = self._collect(group)  # the fallback moved the step counters
             torch_update(batch, hp, fused=self.implementation != "foreach")
@@ -167,13 +166,13 @@ class MasterWeightAdamW(torch.optim.Optimizer):
         # paths read it on the host (as torch does), which avoids a device sync per step.
         return p.device if self.implementation == "fused" else torch.device("cpu")
 
-    def _compiled_ready(self, batch: UpdateBatch) -> bool:
+    def _compiled_update(self, batch: UpdateBatch, hp: AdamHyper) -> bool:
         assert self._compiled is not None
         try:
-            self._compiled.warm_up(batch)
-        except Exception as exc:  # any compiler failure: keep training on torch's kernel
+            self._compiled.update(batch, hp)
+        except Exception as exc:  # a compiler failure, a non-contiguous tensor: torch's kernel
             warnings.warn(
-                f"MasterWeightAdamW: implementation='compiled' could not compile ({exc!r}); "
+                f"MasterWeightAdamW: implementation='compiled' could not run ({exc!r}); "
                 "falling back to implementation='fused'",
                 RuntimeWarning,
                 stacklevel=3,

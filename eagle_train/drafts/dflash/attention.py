@@ -16,6 +16,8 @@ import math
 import torch
 from torch import Tensor
 
+from eagle_train.drafts import kernels
+
 # Transient score memory per chunk (bytes); bounds the number of blocks processed at once.
 _CHUNK_BYTES = 64 * 2**20
 
@@ -28,15 +30,38 @@ def block_attention(
     v_blk: Tensor,
     anchors: Tensor,
     chunk_bytes: int = _CHUNK_BYTES,
+    backend: str = "chunked",
 ) -> Tensor:
     """Softmax attention of block queries over their visible context and their own block.
 
     Shapes: q, k_blk, v_blk ``(Bt, h, N, B, D)``; k_ctx, v_ctx ``(Bt, h, T, D)`` (already
     repeated for GQA); anchors ``(Bt, N)`` long, best ascending per row (a chunk of blocks
     then reads only the context up to its largest anchor). Returns ``(Bt, h, N, B, D)`` in
-    q's dtype.
+    q's dtype. ``backend``: chunked (this exact path), flex (compiled flex attention with a
+    block mask, CUDA) or auto (flex on CUDA, chunked elsewhere).
     """
+    if kernels.resolve(backend, q.device, cpu_default="chunked") == "flex":
+        return flex_block_attention(q, k_ctx, v_ctx, k_blk, v_blk, anchors)
     return _BlockAttention.apply(q, k_ctx, v_ctx, k_blk, v_blk, anchors, chunk_bytes)
+
+
+def flex_block_attention(
+    q: Tensor, k_ctx: Tensor, v_ctx: Tensor, k_blk: Tensor, v_blk: Tensor, anchors: Tensor
+) -> Tensor:
+    """``block_attention`` through flex attention: queries (N*B), keys [context T, blocks N*B];
+    query slot i of block n sees context keys s < a_n and the keys of block n."""
+    bt, h, n, b, d = q.shape
+    length = k_ctx.shape[2]
+    keys = torch.cat([k_ctx, k_blk.reshape(bt, h, n * b, d)], dim=2)
+    values = torch.cat([v_ctx, v_blk.reshape(bt, h, n * b, d)], dim=2)
+
+    def mask_mod(bi, hi, qi, ki):
+        block = qi // b
+        context = (ki < length) & (ki < anchors[bi, block])
+        return context | ((ki >= length) & ((ki - length) // b == block))
+
+    out = kernels.flex(q.reshape(bt, h, n * b, d), keys, values, mask_mod, bt)
+    return out.view(bt, h, n, b, d)
 
 
 def _chunks(q: Tensor, length: int, chunk_bytes: int) -> int:

@@ -33,3 +33,6 @@ class DFlashConfig(StrictModel):
     # hard: cross-entropy to the data token x_{a+k}; distill: soft cross-entropy to the
     # target's distribution at a+k-1 (equal on target-regenerated data under greedy).
     loss_target: Literal["hard", "distill"] = "hard"
+    # Block attention kernel: chunked (exact fp32 reference), flex (CUDA: compiled
+    # flex_attention with a block mask); auto = flex on CUDA, chunked elsewhere.
+    attention: Literal["auto", "chunked", "flex"] = "auto"

@@ -41,6 +41,7 @@ class Attention(nn.Module):
         self.o_proj = nn.Linear(s.num_heads * s.head_dim, s.hidden_size, bias=False)
         self.q_norm = RMSNorm(s.head_dim, s.rms_norm_eps)
         self.k_norm = RMSNorm(s.head_dim, s.rms_norm_eps)
+        self.backend = "auto"  # block attention kernel, set from draft.attention at build
 
     def keys_values(self, x: Tensor, rope: tuple[Tensor, Tensor]) -> tuple[Tensor, Tensor]:
         """(Bt,L,H) -> k, v (Bt,h,L,D): k_norm then RoPE on keys, repeated to h heads (GQA)."""
@@ -93,6 +94,7 @@ class DecoderLayer(nn.Module):
             kb.view(bt, heads, n, block, d),
             vb.view(bt, heads, n, block, d),
             anchors,
+            backend=attn.backend,
         )
         h = h + attn.o_proj(o.view(bt, heads, nb, d).transpose(1, 2).reshape(bt, nb, -1))
         return h + self.mlp(self.post_attention_layernorm(h))

@@ -60,7 +60,10 @@ class DFlashSpec:
             block_size=cfg.block_size,
             mask_token_id=export.resolve_mask_token_id(cfg, desc),
         )
-        return DFlashDraft(shape, desc, target.embed_tokens(), target.lm_head()).float()
+        draft = DFlashDraft(shape, desc, target.embed_tokens(), target.lm_head()).float()
+        for layer in draft.layers:
+            layer.self_attn.backend = cfg.attention
+        return draft
 
     def compute_loss(
         self, draft: nn.Module, features: TargetFeatures, batch: Batch, cfg: DFlashConfig

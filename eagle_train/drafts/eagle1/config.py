@@ -22,3 +22,7 @@ class Eagle1Config(StrictModel):
     feature_noise: float = Field(default=0.1, ge=0)
     # Tokens drafted per step when served (vLLM num_speculative_tokens); recorded in the export.
     num_speculative_tokens: int = Field(default=3, ge=1)
+    # Training-time-test attention kernel: chunked (exact fp32 reference), fused (CPU: torch's
+    # flash kernel + the chain keys merged by log-sum-exp), flex (CUDA: compiled
+    # flex_attention with a block mask); auto = flex on CUDA, fused on CPU.
+    attention: Literal["auto", "chunked", "fused", "flex"] = "auto"

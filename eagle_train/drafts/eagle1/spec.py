@@ -15,7 +15,7 @@ from eagle_train.drafts.eagle1 import export
 from eagle_train.drafts.eagle1.config import Eagle1Config
 from eagle_train.drafts.eagle1.loss import eagle1_loss
 from eagle_train.drafts.eagle1.model import Eagle1Draft
-from eagle_train.drafts.eagle_family import DraftShape, shift_left, valid_slots
+from eagle_train.drafts.eagle_family import DraftShape, set_backend, shift_left, valid_slots
 from eagle_train.target import FrozenTarget, TargetDescription, TargetFeatures
 from eagle_train.target.description import Capability
 
@@ -56,6 +56,7 @@ class Eagle1Spec:
             desc, num_aux=1, draft_vocab_size=desc.vocab_size, qk_norm=False
         )
         draft = Eagle1Draft(shape, desc, cfg.num_layers).float()
+        set_backend(draft, cfg.attention)
         with torch.no_grad():
             draft.embed_tokens.weight.copy_(target.embed_tokens().weight.float())
             draft.lm_head.weight.copy_(target.lm_head().weight.float())

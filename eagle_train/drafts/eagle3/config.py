@@ -25,3 +25,7 @@ class Eagle3Config(StrictModel):
     drop_out_of_vocab: bool = False
     # Copy of the target embedding, frozen by default (exported only when trained).
     train_embedding: bool = False
+    # Training-time-test attention kernel: chunked (exact fp32 reference), fused (CPU: torch's
+    # flash kernel + the chain keys merged by log-sum-exp), flex (CUDA: compiled
+    # flex_attention with a block mask); auto = flex on CUDA, fused on CPU.
+    attention: Literal["auto", "chunked", "fused", "flex"] = "auto"

@@ -54,7 +54,7 @@ class Eagle3Draft(nn.Module):
         else:  # later steps: causal step-0 keys + this slot's chain (the diagonal)
             kd = torch.stack([kj for kj, _ in kv[1:]] + [k], dim=3)
             vd = torch.stack([vj for _, vj in kv[1:]] + [v], dim=3)
-            attn = ttt_attention(q, kv[0][0], kv[0][1], kd, vd)
+            attn = ttt_attention(q, kv[0][0], kv[0][1], kd, vd, layer.self_attn.backend)
         kv.append((k, v))
         b, _, t, _ = attn.shape
         h = hidden + layer.self_attn.o_proj(attn.transpose(1, 2).reshape(b, t, -1))

@@ -14,7 +14,13 @@ from eagle_train.drafts.eagle3 import export
 from eagle_train.drafts.eagle3.config import Eagle3Config
 from eagle_train.drafts.eagle3.loss import accuracy_metrics, eagle3_loss
 from eagle_train.drafts.eagle3.model import Eagle3Draft
-from eagle_train.drafts.eagle_family import DraftShape, aux_layer_ids, draft_ids, layer_style
+from eagle_train.drafts.eagle_family import (
+    DraftShape,
+    aux_layer_ids,
+    draft_ids,
+    layer_style,
+    set_backend,
+)
 from eagle_train.target import FrozenTarget, TargetDescription, TargetFeatures
 from eagle_train.target.description import Capability
 
@@ -49,6 +55,7 @@ class Eagle3Spec:
             qk_norm=layer_style(cfg.layer_style, desc) == "qwen3",
         )
         draft = Eagle3Draft(shape, desc).float()
+        set_backend(draft, cfg.attention)
         with torch.no_grad():
             draft.embed_tokens.weight.copy_(target.embed_tokens().weight.float())
             if vocab is not None:

@@ -34,6 +34,9 @@ class PEagleConfig(StrictModel):
     # Forward+backward in this many parts per micro-batch, split by anchor position (bounds
     # activation memory on long sequences; the summed gradient equals the one-pass one).
     num_segments: int = Field(default=1, ge=1)
+    # Attention over the sampled elements: dense (SDPA with a boolean mask), flex (CUDA:
+    # compiled flex_attention with a block mask from the elements); auto = flex on CUDA.
+    attention: Literal["auto", "dense", "flex"] = "auto"
 
     @model_validator(mode="after")
     def _ratios(self) -> PEagleConfig:

@@ -10,12 +10,12 @@ and is written into ``embed_tokens`` at export.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
+from eagle_train.drafts import kernels
 from eagle_train.drafts.common import RMSNorm, rotary_embedding
 from eagle_train.drafts.eagle_family import DecoderLayer, DraftShape, FusedLayer
-from eagle_train.drafts.peagle.sampling import Elements, attention_mask
+from eagle_train.drafts.peagle.sampling import Elements, attention_mask, block_mask
 from eagle_train.target import TargetDescription
 
 
@@ -36,6 +36,7 @@ class PEagleDraft(nn.Module):
         self.register_buffer("t2d", torch.ones(s.vocab_size, dtype=torch.bool))
         self.register_buffer("mask_token_id", torch.zeros((), dtype=torch.long))
         self.rotary = rotary_embedding(target)
+        self.attention = "auto"  # dense or flex (draft.attention), a plain attribute
 
     def forward(self, aux: Tensor, input_ids: Tensor, e: Elements) -> Tensor:
         """``aux`` (B,T,n*TH), ``input_ids`` (B,T); returns (B,M,Vd) logits of the elements
@@ -50,11 +51,12 @@ class PEagleDraft(nn.Module):
         tokens = input_ids.gather(1, (e.anchor + 1).clamp(max=t - 1))
         emb = torch.where(deep, self.mask_embedding.to(g.dtype), self.embed_tokens(tokens))
         rope = self.rotary(g, e.anchor + e.depth)
-        mask = attention_mask(e)
+        flex = kernels.resolve(self.attention, input_ids.device, cpu_default="dense") == "flex"
+        mask = block_mask(e) if flex else attention_mask(e)
         first = self.layers[0]
         x = torch.cat([first.input_layernorm(emb), first.hidden_norm(g)], dim=-1)
         q, k, v = first.self_attn.project(x, rope)
-        attn = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        attn = kernels.masked_attention(q, k, v, mask)
         b, _, m, _ = attn.shape
         h = g + first.self_attn.o_proj(attn.transpose(1, 2).reshape(b, m, -1))
         h = h + first.mlp(first.post_attention_layernorm(h))

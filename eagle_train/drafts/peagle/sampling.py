@@ -105,6 +105,20 @@ def attention_mask(e: Elements) -> Tensor:
     return (rule | eye[None])[:, None]
 
 
+def block_mask(e: Elements):  # -> torch.nn.attention.flex_attention.BlockMask
+    """``attention_mask(e)`` as a flex-attention block mask (the same rule, per element)."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    def mask_mod(b, h, qi, ki):
+        aq, ak = e.anchor[b, qi], e.anchor[b, ki]
+        dq, dk = e.depth[b, qi], e.depth[b, ki]
+        rule = ((dk == 0) & (aq >= ak)) | ((aq == ak) & (dq >= dk))
+        return (rule & e.valid[b, ki] & e.valid[b, qi]) | (qi == ki)
+
+    m = e.anchor.shape[1]
+    return create_block_mask(mask_mod, e.anchor.shape[0], None, m, m, device=e.anchor.device)
+
+
 def segment_grids(grid: Tensor, num_segments: int) -> list[tuple[Tensor, Tensor]]:
     """Split by anchor into ``num_segments`` contiguous ranges: per range (the elements to
     forward, the elements it supervises). A range forwards its own elements plus the depth-0

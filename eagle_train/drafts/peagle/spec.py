@@ -55,6 +55,7 @@ class PEagleSpec:
             qk_norm=layer_style(cfg.layer_style, desc) == "qwen3",
         )
         draft = PEagleDraft(shape, desc, cfg.num_layers).float()
+        draft.attention = cfg.attention
         with torch.no_grad():
             embed = target.embed_tokens().weight.float()
             draft.embed_tokens.weight.copy_(embed)

@@ -1,0 +1,91 @@
+"""An object living in its own spawned process, called by method name over a pipe.
+
+Used for vLLM engines that must be alive side by side (an interleaved speed measurement,
+one regeneration engine per GPU): each process has its own CUDA context, its own vLLM
+distributed state and, with ``env``, its own visible devices. Nothing is inherited but the
+environment and the pickled constructor arguments.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+
+def _serve(conn: Any, factory: Callable[..., Any], args: tuple, env: dict[str, str]) -> None:
+    os.environ.update(env)
+    try:
+        obj = factory(*args)
+        conn.send(("ok", None))
+    except Exception:
+        conn.send(("error", traceback.format_exc()))
+        return
+    while True:
+        message = conn.recv()
+        if message is None:
+            close = getattr(obj, "close", None)
+            if close is not None:
+                close()
+            conn.send(("ok", None))
+            return
+        method, call_args = message
+        try:
+            conn.send(("ok", getattr(obj, method)(*call_args)))
+        except Exception:
+            conn.send(("error", traceback.format_exc()))
+
+
+class Remote:
+    """``Remote(VllmEngine.create, ...)``: ``call("generate", prompts, sampling)`` runs the
+    method in the child; ``submit`` + ``result`` let several remotes work at once."""
+
+    def __init__(
+        self, factory: Callable[..., Any], *args: Any, env: dict[str, str] | None = None
+    ) -> None:
+        ctx = mp.get_context("spawn")
+        self.conn, child = ctx.Pipe()
+        self.proc = ctx.Process(target=_serve, args=(child, factory, args, env or {}), daemon=True)
+        self.proc.start()
+        try:
+            self.result()
+        except Exception:
+            self.close()
+            raise
+
+    def submit(self, method: str, *args: Any) -> None:
+        self.conn.send((method, args))
+
+    def result(self) -> Any:
+        try:
+            status, payload = self.conn.recv()
+        except EOFError:
+            raise RuntimeError("a worker process died") from None
+        if status == "error":
+            raise RuntimeError(f"a worker process failed:\n{payload}")
+        return payload
+
+    def call(self, method: str, *args: Any) -> Any:
+        self.submit(method, *args)
+        return self.result()
+
+    def close(self) -> None:
+        if self.proc.is_alive():
+            try:
+                self.conn.send(None)
+                if self.conn.poll(120):
+                    self.conn.recv()
+            except (BrokenPipeError, EOFError, OSError):
+                pass
+        self.proc.join(timeout=60)
+        if self.proc.is_alive():
+            self.proc.terminate()
+            self.proc.join()
+
+    def __enter__(self) -> Remote:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
