@@ -63,6 +63,8 @@ def test_dflash_loss_matches_a_hand_reference() -> None:
     target_logits = torch.randn(1, length, vocab)
     anchors = torch.tensor([[1, 4, 8]])  # the last block runs past the end: not valid
     valid = torch.tensor([[True, True, False]])
+    mask = valid[..., None].expand(1, 3, block - 1).clone()  # per-slot loss masks
+    mask[0, 1, 2] = False  # block at 4: its last slot's label is not supervised
     hidden = torch.randn(1, 3, block - 1, hidden_size)
     head_weight = torch.randn(vocab, hidden_size)
     weights = torch.tensor([1.0, 0.5, 0.25])
@@ -72,13 +74,13 @@ def test_dflash_loss_matches_a_hand_reference() -> None:
         input_ids,
         target_logits,
         anchors,
-        valid,
+        mask,
         weights,
         "hard",
     )
     num, den = 0.0, 0.0
     for n, a in enumerate([1, 4]):  # the valid blocks
-        for k in (1, 2, 3):  # slot k predicts x_{a+k}
+        for k in (1, 2, 3) if a == 1 else (1, 2):  # slot k predicts x_{a+k}
             logits = hidden[0, n, k - 1] @ head_weight.T
             ce = F.cross_entropy(logits[None], input_ids[0, a + k][None]).item()
             num += weights[k - 1].item() * ce

@@ -342,6 +342,7 @@ def no_vllm(monkeypatch: pytest.MonkeyPatch) -> None:
         raise AssertionError("vLLM must not start")
 
     monkeypatch.setattr(harness, "VllmEngine", refuse)
+    monkeypatch.setattr(harness, "_open", refuse)  # engines in their own processes
 
 
 def evaluate(target: Path, drafter: Path, out: Path, *extra: str):
