@@ -46,7 +46,6 @@ def train_args(
         "data.val=null",
         f"data.micro_batch_size={micro_batch}",
         "data.max_length=64",
-        f"data.draft_vocab_size={VOCAB}",
         f"train.max_steps={STEPS}",
         f"train.grad_accum={accum}",
         "train.log_every=1",
@@ -60,6 +59,8 @@ def train_args(
     # EAGLE-3 uses no randomness in training; DFlash samples anchors every step, so its
     # bitwise resume also proves every rank's RNG state is restored.
     sets.append("draft.ttt_steps=2" if algorithm == "eagle3" else "draft.num_anchors=16")
+    if algorithm == "eagle3":  # DFlash predicts the target's whole vocabulary
+        sets.append(f"data.draft_vocab_size={VOCAB}")
     args = ["-c", str(REPO / "configs" / "train" / f"{algorithm}-llama-demo.yaml")]
     for s in sets:
         args += ["--set", s]
