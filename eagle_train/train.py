@@ -186,7 +186,7 @@ def _train(cfg: RunConfig, env: DistEnv, out: Path, preemption: Preemption) -> T
     torch.manual_seed(cfg.train.seed)  # the same initial draft on every rank
     data = PreparedData(cfg.data.train)
     c = build_components(cfg, data, env, resumed.vocab if resumed else None)
-    pad_id = c.target.config.pad_token_id or 0
+    pad_id = c.target.description.pad_token_id or 0  # a multimodal config keeps it in text_config
     loader = BatchLoader(
         data,
         cfg.data.micro_batch_size,
