@@ -139,7 +139,12 @@ def test_export_files_are_readable_like_the_rest(run_dir: Path, tmp_path: Path):
     finally:
         os.umask(old)
     modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in (tmp_path / "drafter").iterdir()}
-    assert modes == {"config.json": 0o644, "model.safetensors": 0o644, PROVENANCE_FILE: 0o644}
+    assert modes == {
+        "config.json": 0o644,
+        "model.safetensors": 0o644,
+        PROVENANCE_FILE: 0o644,
+        "README.md": 0o644,  # the model card
+    }
     ckpt_modes = {stat.S_IMODE(p.stat().st_mode) for p in checkpoint(run_dir).iterdir()}
     assert ckpt_modes == {0o644}  # the run used the same umask (pytest's default 022)
 
