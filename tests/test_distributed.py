@@ -131,7 +131,9 @@ def alive(pid: int) -> bool:
 
 def final_state(run: Path) -> tuple[dict[str, torch.Tensor], dict]:
     ckpt = run / "checkpoints" / f"step-{STEPS:07d}"
-    return load_file(ckpt / "draft.safetensors"), torch.load(ckpt / "optimizer.pt")
+    return load_file(ckpt / "draft.safetensors"), torch.load(
+        ckpt / "optimizer.pt", weights_only=True
+    )
 
 
 def assert_bitwise_equal(a: Path, b: Path) -> None:
@@ -323,5 +325,5 @@ def test_a_nan_on_one_rank_is_skipped_by_every_rank(runs, tiny_world, tiny_llama
     finish(launch(args, 2, runs["root"] / "pids-nan", EAGLE_TEST_NAN_AT="1:5"))
     rows = read_metrics(out / "metrics.jsonl")
     assert [r["skipped_steps"] for r in rows] == [0, 0, 0, 0, 1, 1, 1, 1]
-    opt = torch.load(out / "checkpoints" / "step-0000008" / "optimizer.pt")
+    opt = torch.load(out / "checkpoints" / "step-0000008" / "optimizer.pt", weights_only=True)
     assert {int(s["step"]) for s in opt["state"].values()} == {7}  # 8 steps, 1 skipped

@@ -97,7 +97,7 @@ def test_parts_under_ddp_equal_the_mean_one_pass_gradient(tiny_world: Path, tmp_
         for n, p in draft.named_parameters():
             if p.requires_grad:
                 expected[n] += p.grad / WORLD
-    got = torch.load(out)
+    got = torch.load(out, weights_only=True)
     assert got.keys() == expected.keys()
     for name, grad in expected.items():
         torch.testing.assert_close(got[name], grad, rtol=1e-4, atol=1e-6, msg=name)

@@ -74,7 +74,7 @@ def test_cli_trains_logs_and_checkpoints(tiny_world: Path, tiny_llama_data: Path
         "trainer_state.json",
     } <= files
     assert any((out / "tensorboard").iterdir())
-    state = torch.load(out / "checkpoints" / "step-0000024" / "optimizer.pt")
+    state = torch.load(out / "checkpoints" / "step-0000024" / "optimizer.pt", weights_only=True)
     assert all(v["exp_avg"].dtype == torch.float32 for v in state["state"].values())
     assert all(v["master"].dtype == torch.float32 for v in state["state"].values())
 
@@ -150,7 +150,9 @@ def test_non_finite_batches_are_skipped_and_counted(
     rows = read_metrics(tmp_path / "metrics.jsonl", "train")
     assert [r["skipped_steps"] for r in rows] == [0, 0, 1, 1, 2, 2, 2, 2]
     assert all(torch.isfinite(torch.tensor(r["loss"])) for r in rows if r["step"] not in (3, 5))
-    state = torch.load(tmp_path / "checkpoints" / "step-0000008" / "optimizer.pt")
+    state = torch.load(
+        tmp_path / "checkpoints" / "step-0000008" / "optimizer.pt", weights_only=True
+    )
     assert {int(v["step"]) for v in state["state"].values()} == {6}  # 8 steps, 2 skipped
 
     poison_loss_at(monkeypatch, {1, 2})
