@@ -35,8 +35,9 @@ from eagle_train.checkpoint import (
     restore_rng_state,
     save_checkpoint,
 )
-from eagle_train.config import dump_config
+from eagle_train.config import ConfigError, dump_config
 from eagle_train.data.loader import Batch, BatchLoader, PreparedData
+from eagle_train.data.store import PreparedDataError
 from eagle_train.data.vocab import TokenCounter, VocabMapping, build_vocab_mapping
 from eagle_train.drafts.base import DraftSpec, loss_parts
 from eagle_train.drafts.registry import check_servable, get_draft
@@ -106,9 +107,7 @@ def build_components(
     layer_ids = spec.target_layer_ids(cfg.draft, target.description)
     features, val_features = feature_sources(cfg, target, layer_ids, env)
     if spec.uses_draft_vocab:
-        vocab = vocab or _draft_vocab(cfg, data, target.description.vocab_size, env)
-    elif data.vocab is not None:
-        log.info("the dataset's draft vocabulary is not used: this draft predicts the full one")
+        vocab = vocab or draft_vocab(cfg, data, target.description.vocab_size, env)
     draft = spec.build(cfg.draft, target, vocab)
     draft = draft.to(device=env.device, dtype=resolve_storage_dtype(target.dtype, cfg.optim))
     return Components(
@@ -134,7 +133,9 @@ def train(cfg: RunConfig) -> TrainResult:
     out = check_output_path(cfg.train.output_dir, "train.output_dir")
     cfg = _with_resolved_paths(cfg, out)
     # Refused before anything is loaded or written when vLLM could not serve the result.
-    check_servable(get_draft(cfg.draft.algorithm), load_target_description(cfg.target.path))
+    description = load_target_description(cfg.target.path)
+    check_servable(get_draft(cfg.draft.algorithm), description)
+    check_draft_vocab_size(cfg, description.vocab_size)
     env = init_distributed(cfg.train.device, cfg.train.dist_timeout_s)
     # Rank 0 holds the run directory for the whole run: a second run on it is refused, and
     # nothing below (stale temporaries, metrics, checkpoints) is touched by two runs.
@@ -504,18 +505,37 @@ def _restore(
     return replace(state, loader=loader.state, world_size=env.world_size, files={})
 
 
-def _draft_vocab(
-    cfg: RunConfig, data: PreparedData, vocab_size: int, env: DistEnv
+def check_draft_vocab_size(cfg: RunConfig, vocab_size: int) -> None:
+    """Refuse a draft vocabulary larger than the target's, before anything is loaded."""
+    size = getattr(cfg.draft, "draft_vocab_size", None)
+    if size is not None and size > vocab_size:
+        raise ConfigError(
+            f"draft.draft_vocab_size {size} is larger than the target vocabulary ({vocab_size})"
+        )
+
+
+def draft_vocab(
+    cfg: RunConfig, data: PreparedData, vocab_size: int, env: DistEnv | None = None
 ) -> VocabMapping | None:
-    """The draft vocabulary: prepare-data's, or counted here over all ranks' shards."""
-    size = cfg.data.draft_vocab_size
+    """The mapping of ``draft.draft_vocab_size`` (None: the whole target vocabulary) from the
+    counts prepare-data wrote; a dataset without them is counted here over all ranks' shards."""
+    size = getattr(cfg.draft, "draft_vocab_size", None)
     if size is None:
-        return data.vocab
-    counter = TokenCounter(vocab_size)
-    shard = data.rows.shard(num_shards=env.world_size, index=env.rank, contiguous=False)
-    for ids, mask in zip(shard["input_ids"], shard["loss_mask"], strict=True):
-        counter.add(ids, mask)
-    counts = all_reduce_sum(counter.result(), env)
+        return None
+    check_draft_vocab_size(cfg, vocab_size)
+    counts = data.token_counts
+    if counts is not None and len(counts) != vocab_size:
+        raise PreparedDataError(
+            f"{data.path}: token counts over {len(counts)} ids, but the target vocabulary is "
+            f"{vocab_size}: prepare the data with this target's tokenizer"
+        )
+    if counts is None:
+        env = env or DistEnv()
+        counter = TokenCounter(vocab_size)
+        shard = data.rows.shard(num_shards=env.world_size, index=env.rank, contiguous=False)
+        for ids, mask in zip(shard["input_ids"], shard["loss_mask"], strict=True):
+            counter.add(ids, mask)
+        counts = all_reduce_sum(counter.result(), env)
     log.info(
         "draft vocabulary: top %d of %d target ids over %d supervised tokens",
         size,

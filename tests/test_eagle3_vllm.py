@@ -22,6 +22,7 @@ from eagle_train.data.loader import PreparedData
 from eagle_train.drafts.registry import get_draft
 from eagle_train.evaluate.offline import estimate_acceptance
 from eagle_train.target import FrozenTarget
+from eagle_train.train import draft_vocab
 
 pytestmark = pytest.mark.vllm
 K = 3
@@ -58,7 +59,8 @@ def test_served_in_vllm_lossless_and_accepting(trained: dict, tiny_world: Path) 
     cfg, state, _ = load_draft_checkpoint(trained["checkpoint"])
     spec = get_draft(cfg.draft.algorithm)
     target = FrozenTarget.from_pretrained(fp32_target, dtype=torch.float32)
-    draft = spec.build(cfg.draft, target, PreparedData(cfg.data.train).vocab)
+    vocab = draft_vocab(cfg, PreparedData(cfg.data.train), target.description.vocab_size)
+    draft = spec.build(cfg.draft, target, vocab)
     draft.load_state_dict(state)  # the bf16 weights vLLM serves, upcast like vLLM does
     offline = estimate_acceptance(spec, draft, cfg.draft, target, prompts, baseline, K)
     print(

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from conftest import prepare_tiny_data
+from conftest import draft_vocab_sets, prepare_tiny_data
 from transformers import AutoTokenizer
 
 from eagle_train.config import load_config
@@ -20,7 +20,7 @@ from eagle_train.export import export_draft, export_state, serving_config
 from eagle_train.metrics import read_metrics
 from eagle_train.run_config import RunConfig
 from eagle_train.target import FrozenTarget
-from eagle_train.train import train
+from eagle_train.train import draft_vocab, train
 
 REPO = Path(__file__).resolve().parents[1]
 NUM_NEW, NUM_PROMPTS = 48, 8
@@ -51,6 +51,7 @@ def train_and_export(
         f"train.output_dir={root / 'run'}",
         "train.progress=false",
         "train.tensorboard=false",
+        *draft_vocab_sets(config),
     ]
     cfg = load_config(
         RunConfig, REPO / "configs" / "train" / f"{config}-{family}-demo.yaml", base + overrides
@@ -59,7 +60,8 @@ def train_and_export(
     spec = get_draft(cfg.draft.algorithm)
     target = FrozenTarget.from_pretrained(cfg.target.path)
     torch.manual_seed(1)
-    random_state = spec.build(cfg.draft, target, PreparedData(data).vocab).state_dict()
+    vocab = draft_vocab(cfg, PreparedData(data), target.description.vocab_size)
+    random_state = spec.build(cfg.draft, target, vocab).state_dict()
     return {
         "family": family,
         "cfg": cfg,
