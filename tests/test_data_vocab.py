@@ -26,7 +26,7 @@ from eagle_train.data import (
 )
 from eagle_train.data.loader import PreparedData
 from eagle_train.run_config import RunConfig
-from eagle_train.train import draft_vocab
+from eagle_train.train_setup import draft_vocab
 
 REPO = Path(__file__).resolve().parents[1]
 

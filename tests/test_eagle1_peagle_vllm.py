@@ -21,7 +21,7 @@ from eagle_train.data.loader import PreparedData
 from eagle_train.drafts.registry import get_draft
 from eagle_train.evaluate.offline import estimate_acceptance
 from eagle_train.target import FrozenTarget
-from eagle_train.train import draft_vocab
+from eagle_train.train_setup import draft_vocab
 
 pytestmark = pytest.mark.vllm
 K, STEPS = 3, 100

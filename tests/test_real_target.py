@@ -36,7 +36,8 @@ from eagle_train.evaluate.prompts import load_prompts
 from eagle_train.export import export_draft
 from eagle_train.run_config import RunConfig
 from eagle_train.target import FrozenTarget
-from eagle_train.train import draft_vocab, train
+from eagle_train.train import train
+from eagle_train.train_setup import draft_vocab
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 REPO = Path(__file__).resolve().parents[1]

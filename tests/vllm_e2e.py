@@ -20,7 +20,8 @@ from eagle_train.export import export_draft, export_state, serving_config
 from eagle_train.metrics import read_metrics
 from eagle_train.run_config import RunConfig
 from eagle_train.target import FrozenTarget
-from eagle_train.train import draft_vocab, train
+from eagle_train.train import train
+from eagle_train.train_setup import draft_vocab
 
 REPO = Path(__file__).resolve().parents[1]
 NUM_NEW, NUM_PROMPTS = 48, 8
