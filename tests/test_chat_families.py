@@ -7,16 +7,20 @@ trains as, and the exact text of each span the target generates at serving time.
 
 from __future__ import annotations
 
+from datetime import date
 from pathlib import Path
 
 import pytest
 from data_fixtures import build_tokenizer
 
 from eagle_train.data import ChatRenderer
+from eagle_train.data.messages import parse_turns
 
 TEMPLATES = Path(__file__).parent / "assets" / "chat_templates"
 FAMILY_TOKENS = ["<s>", "</s>", "[INST]", "[/INST]", "<think>", "</think>"]
 FAMILY_TOKENS += ["<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>"]
+FAMILY_TOKENS += ["<|start|>", "<|message|>", "<|end|>", "<|channel|>", "<|return|>", "<|call|>"]
+FAMILY_TOKENS += ["<|constrain|>"]
 
 CHAT = [
     {"role": "user", "content": "What is 2+2?"},
@@ -51,6 +55,43 @@ Q_TOOL_PROMPT = (
     "<|im_start|>user\nWeather in Paris?<|im_end|>\n"
     f"{Q_ASSISTANT}{Q_CALL}<|im_end|>\n"
     "<|im_start|>user\n<tool_response>\n22C\n</tool_response><|im_end|>\n"
+)
+
+# gpt-oss (harmony). The template has no date variable: "Current date:" is strftime_now, which
+# the cases pin through the template variables (a render variable shadows the global).
+JAN_1 = {"strftime_now": lambda fmt: date(2025, 1, 1).strftime(fmt)}
+H_SYS = (
+    "<|start|>system<|message|>You are ChatGPT, a large language model trained by OpenAI.\n"
+    "Knowledge cutoff: 2024-06\nCurrent date: 2025-01-01\n\nReasoning: {effort}\n\n"
+    "# Valid channels: analysis, commentary, final. Channel must be included for every message."
+    "<|end|>"
+)
+H_USER1 = "<|start|>user<|message|>What is 2+2?<|end|>"
+H_USER2 = "<|start|>user<|message|>And 3+3?<|end|>"
+H_ASSISTANT = "<|start|>assistant"  # the generation prompt
+H_FINAL = "<|channel|>final<|message|>"
+H_ROW1 = H_SYS.format(effort="medium") + H_USER1 + H_ASSISTANT
+H_CALL = ' to=functions.get_weather<|channel|>commentary json<|message|>{"city": "Paris"}<|call|>'
+H_TOOL_PROMPT = (
+    H_SYS.format(effort="medium") + "<|start|>user<|message|>Weather in Paris?<|end|>" + H_ASSISTANT
+)
+H_TOOL_RESULT = (
+    '<|start|>functions.get_weather to=assistant<|channel|>commentary<|message|>"22C"<|end|>'
+)
+# Reasoning given as the inputs carry it (``thinking``, ``reasoning_content``), read by the
+# project's own parser, which hands the template the ``thinking`` key it renders.
+H_REASONED = parse_turns(
+    [CHAT[0], {**CHAT[1], "thinking": "2+2 is 4."}, CHAT[2], REASONED[3]], "messages", "golden"
+)
+H_TOOL_REASONED = parse_turns(
+    [
+        TOOL_CHAT[0],
+        {**TOOL_CHAT[1], "reasoning_content": "Need the weather."},
+        TOOL_CHAT[2],
+        {**TOOL_CHAT[3], "thinking": "22C is warm."},
+    ],
+    "messages",
+    "golden",
 )
 
 # case: (template, messages, chat_template_kwargs, [(row text, [supervised pieces])])
@@ -157,6 +198,78 @@ CASES = {
             (
                 "<s>[INST]What is 2+2?[/INST]4.</s>[INST]Be brief.\n\nAnd 3+3?[/INST]6.</s>",
                 ["6.</s>"],
+            ),
+        ],
+    ),
+    # Earlier final messages end in <|end|>, the last one in <|return|>: never one row.
+    "gpt_oss_chat": (
+        "gpt_oss.jinja",
+        CHAT,
+        JAN_1,
+        [
+            (f"{H_ROW1}{H_FINAL}4.<|return|>", [f"{H_FINAL}4.<|return|>"]),
+            (
+                f"{H_ROW1}{H_FINAL}4.<|end|>{H_USER2}{H_ASSISTANT}{H_FINAL}6.<|return|>",
+                [f"{H_FINAL}6.<|return|>"],
+            ),
+        ],
+    ),
+    # The last turn's analysis is generated (supervised); earlier turns' analysis is dropped.
+    "gpt_oss_thinking": (
+        "gpt_oss.jinja",
+        H_REASONED,
+        {**JAN_1, "reasoning_effort": "high"},
+        [
+            (
+                H_SYS.format(effort="high") + f"{H_USER1}{H_ASSISTANT}<|channel|>analysis"
+                f"<|message|>2+2 is 4.<|end|>{H_ASSISTANT}{H_FINAL}4.<|return|>",
+                [
+                    f"<|channel|>analysis<|message|>2+2 is 4.<|end|>{H_ASSISTANT}{H_FINAL}4.<|return|>"
+                ],
+            ),
+            (
+                H_SYS.format(effort="high") + f"{H_USER1}{H_ASSISTANT}{H_FINAL}4.<|end|>{H_USER2}"
+                f"{H_ASSISTANT}<|channel|>analysis<|message|>3+3 is 6.<|end|>{H_ASSISTANT}"
+                f"{H_FINAL}6.<|return|>",
+                [
+                    f"<|channel|>analysis<|message|>3+3 is 6.<|end|>{H_ASSISTANT}{H_FINAL}6.<|return|>"
+                ],
+            ),
+        ],
+    ),
+    # A tool call without analysis renders the same before and after the final answer: one row.
+    "gpt_oss_tool_call": (
+        "gpt_oss.jinja",
+        TOOL_CHAT,
+        JAN_1,
+        [
+            (
+                f"{H_TOOL_PROMPT}{H_CALL}{H_TOOL_RESULT}{H_ASSISTANT}{H_FINAL}It is 22C.<|return|>",
+                [H_CALL, f"{H_FINAL}It is 22C.<|return|>"],
+            )
+        ],
+    ),
+    # The tool call's analysis stays in the prompt until a final message exists (the template
+    # drops it then): the final answer's row is the prompt the target saw, with that analysis,
+    # and the answer from its own analysis on (what follows the generation prompt).
+    "gpt_oss_tool_call_thinking": (
+        "gpt_oss.jinja",
+        H_TOOL_REASONED,
+        JAN_1,
+        [
+            (
+                f"{H_TOOL_PROMPT}<|channel|>analysis<|message|>Need the weather.<|end|>"
+                f"{H_ASSISTANT}{H_CALL}",
+                [f"<|channel|>analysis<|message|>Need the weather.<|end|>{H_ASSISTANT}{H_CALL}"],
+            ),
+            (
+                f"{H_TOOL_PROMPT}<|channel|>analysis<|message|>Need the weather.<|end|>"
+                f"{H_ASSISTANT}{H_CALL}{H_TOOL_RESULT}{H_ASSISTANT}<|channel|>analysis<|message|>"
+                f"22C is warm.<|end|>{H_ASSISTANT}{H_FINAL}It is 22C.<|return|>",
+                [
+                    "<|channel|>analysis<|message|>22C is warm.<|end|>"
+                    f"{H_ASSISTANT}{H_FINAL}It is 22C.<|return|>"
+                ],
             ),
         ],
     ),
