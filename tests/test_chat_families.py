@@ -60,20 +60,22 @@ Q_TOOL_PROMPT = (
 # gpt-oss (harmony). The template has no date variable: "Current date:" is strftime_now, which
 # the cases pin through the template variables (a render variable shadows the global).
 JAN_1 = {"strftime_now": lambda fmt: date(2025, 1, 1).strftime(fmt)}
+H_IDENTITY = "You are ChatGPT, a large language model trained by OpenAI."
 H_SYS = (
-    "<|start|>system<|message|>You are ChatGPT, a large language model trained by OpenAI.\n"
-    "Knowledge cutoff: 2024-06\nCurrent date: 2025-01-01\n\nReasoning: {effort}\n\n"
-    "# Valid channels: analysis, commentary, final. Channel must be included for every message."
-    "<|end|>"
+    "<|start|>system<|message|>{identity}\nKnowledge cutoff: 2024-06\nCurrent date: 2025-01-01"
+    "\n\nReasoning: {effort}\n\n# Valid channels: analysis, commentary, final. Channel must "
+    "be included for every message.<|end|>"
 )
 H_USER1 = "<|start|>user<|message|>What is 2+2?<|end|>"
 H_USER2 = "<|start|>user<|message|>And 3+3?<|end|>"
 H_ASSISTANT = "<|start|>assistant"  # the generation prompt
 H_FINAL = "<|channel|>final<|message|>"
-H_ROW1 = H_SYS.format(effort="medium") + H_USER1 + H_ASSISTANT
+H_ROW1 = H_SYS.format(identity=H_IDENTITY, effort="medium") + H_USER1 + H_ASSISTANT
 H_CALL = ' to=functions.get_weather<|channel|>commentary json<|message|>{"city": "Paris"}<|call|>'
 H_TOOL_PROMPT = (
-    H_SYS.format(effort="medium") + "<|start|>user<|message|>Weather in Paris?<|end|>" + H_ASSISTANT
+    H_SYS.format(identity=H_IDENTITY, effort="medium")
+    + "<|start|>user<|message|>Weather in Paris?<|end|>"
+    + H_ASSISTANT
 )
 H_TOOL_RESULT = (
     '<|start|>functions.get_weather to=assistant<|channel|>commentary<|message|>"22C"<|end|>'
@@ -214,6 +216,21 @@ CASES = {
             ),
         ],
     ),
+    # A system (or developer) message becomes harmony's developer message under
+    # "# Instructions"; the system message proper is the template's own (model_identity).
+    "gpt_oss_developer_message": (
+        "gpt_oss.jinja",
+        [{"role": "system", "content": "Be brief."}, *CHAT[:2]],
+        {**JAN_1, "model_identity": "You are Tiny."},
+        [
+            (
+                H_SYS.format(identity="You are Tiny.", effort="medium")
+                + "<|start|>developer<|message|># Instructions\n\nBe brief.\n\n<|end|>"
+                + f"{H_USER1}{H_ASSISTANT}{H_FINAL}4.<|return|>",
+                [f"{H_FINAL}4.<|return|>"],
+            )
+        ],
+    ),
     # The last turn's analysis is generated (supervised); earlier turns' analysis is dropped.
     "gpt_oss_thinking": (
         "gpt_oss.jinja",
@@ -221,14 +238,16 @@ CASES = {
         {**JAN_1, "reasoning_effort": "high"},
         [
             (
-                H_SYS.format(effort="high") + f"{H_USER1}{H_ASSISTANT}<|channel|>analysis"
+                H_SYS.format(identity=H_IDENTITY, effort="high")
+                + f"{H_USER1}{H_ASSISTANT}<|channel|>analysis"
                 f"<|message|>2+2 is 4.<|end|>{H_ASSISTANT}{H_FINAL}4.<|return|>",
                 [
                     f"<|channel|>analysis<|message|>2+2 is 4.<|end|>{H_ASSISTANT}{H_FINAL}4.<|return|>"
                 ],
             ),
             (
-                H_SYS.format(effort="high") + f"{H_USER1}{H_ASSISTANT}{H_FINAL}4.<|end|>{H_USER2}"
+                H_SYS.format(identity=H_IDENTITY, effort="high")
+                + f"{H_USER1}{H_ASSISTANT}{H_FINAL}4.<|end|>{H_USER2}"
                 f"{H_ASSISTANT}<|channel|>analysis<|message|>3+3 is 6.<|end|>{H_ASSISTANT}"
                 f"{H_FINAL}6.<|return|>",
                 [
