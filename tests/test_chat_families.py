@@ -14,6 +14,7 @@ import pytest
 from data_fixtures import build_tokenizer
 
 from eagle_train.data import ChatRenderer
+from eagle_train.data.answers import answer_message
 from eagle_train.data.messages import parse_turns
 
 TEMPLATES = Path(__file__).parent / "assets" / "chat_templates"
@@ -295,6 +296,39 @@ CASES = {
 }
 
 
+H_ANALYSIS = "<|channel|>analysis<|message|>3+3 is 6.<|end|>"
+# A generated turn (regeneration) back into the fields each template reads: (template, text
+# generated after the prompt of CHAT[:3], message, the supervised piece of its row: the text
+# and the stop token the target ended it with).
+GENERATED = {
+    "gpt_oss_analysis_and_final": (
+        "gpt_oss.jinja",
+        f"{H_ANALYSIS}{H_ASSISTANT}{H_FINAL}6.",
+        {
+            "role": "assistant",
+            "content": "6.",
+            "reasoning_content": "3+3 is 6.",
+            "thinking": "3+3 is 6.",
+        },
+        f"{H_ANALYSIS}{H_ASSISTANT}{H_FINAL}6.<|return|>",
+    ),
+    "gpt_oss_final_only": (
+        "gpt_oss.jinja",
+        f"{H_FINAL}6.",
+        {"role": "assistant", "content": "6."},
+        f"{H_FINAL}6.<|return|>",
+    ),
+    # Qwen3's template reads the think block out of the content: the text stays the content.
+    "qwen3_think_block": (
+        "qwen3.jinja",
+        "<think>\n3+3 is 6.\n</think>\n\n6.",
+        {"role": "assistant", "content": "<think>\n3+3 is 6.\n</think>\n\n6."},
+        "<think>\n3+3 is 6.\n</think>\n\n6.<|im_end|>",
+    ),
+    "smollm2": ("smollm2.jinja", "6.", {"role": "assistant", "content": "6."}, "6.<|im_end|>"),
+}
+
+
 @pytest.fixture(scope="module")
 def tokenizer(tmp_path_factory):
     tok = build_tokenizer(tmp_path_factory.mktemp("family_tok"))
@@ -343,3 +377,13 @@ def _masked_runs(ids, mask):
             runs.append(current)
             current = []
     return runs + ([current] if current else [])
+
+
+@pytest.mark.parametrize("case", sorted(GENERATED))
+def test_generated_turn_trains_as_generated(tokenizer, case):
+    template, text, message, piece = GENERATED[case]
+    renderer = _renderer(tokenizer, template, JAN_1)
+    answer = answer_message(renderer, CHAT[:3], text, "regen.jsonl:1")
+    assert answer == message
+    text_of_row, spans = renderer.training_rows([*CHAT[:3], answer], "regen.jsonl:1")[-1]
+    assert [text_of_row[s:e] for s, e in spans][-1] == piece

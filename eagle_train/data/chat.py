@@ -166,10 +166,7 @@ class ChatRenderer:
                     f"{where}: the conversation starts with an assistant turn (no prompt for it)",
                     reason="assistant_first",
                 )
-            prompt = self.render(messages[:i], add_generation_prompt=True, where=where)
-            turn = self.render(messages[: i + 1], where=where)
-            exact = turn.startswith(prompt)
-            generated = turn[len(prompt) :] if exact else self._generated_text(messages, i, where)
+            prompt, generated, exact = self.served_turn(messages, i, where)
             text = prompt + generated
             end = len(text.rstrip())
             if end <= len(prompt):
@@ -182,6 +179,16 @@ class ChatRenderer:
             return [(full, [span for _, span, _ in turns])]
         # The template rewrites earlier turns: one row per turn, as served.
         return [(text, [span]) for text, span, _ in turns]
+
+    def served_turn(self, messages: list[Message], i: int, where: str) -> tuple[str, str, bool]:
+        """Assistant message ``i`` at serving time: the prompt ``P_i``, the text the target
+        generates after it (as the template writes the turn), and whether ``S_i`` starts with
+        ``P_i`` (see the module docstring)."""
+        prompt = self.render(messages[:i], add_generation_prompt=True, where=where)
+        turn = self.render(messages[: i + 1], where=where)
+        exact = turn.startswith(prompt)
+        generated = turn[len(prompt) :] if exact else self._generated_text(messages, i, where)
+        return prompt, generated, exact
 
     def _generated_text(self, messages: list[Message], i: int, where: str) -> str:
         """Assistant message ``i`` as the template writes it after the generation prompt, for
