@@ -17,8 +17,9 @@ of the code, the checkout an arm trains with (``--arm-code NAME=DIR``, its PYTHO
         --arm-code before=/tmp/before --out runs/ab/dflash-anchors ...
 
 Each arm trains into OUT/NAME/run with ``--resume auto`` (a rerun continues, a finished run
-is not retrained), is exported to OUT/NAME/drafter, and both are evaluated into OUT/eval-A-vs-B. The tables go
-to OUT/paired-A-vs-B.md and .json. An arm name used again in another comparison under the same
+is not retrained), is exported to OUT/NAME/drafter, and both are evaluated into OUT/eval-A-vs-B
+(a finished evaluation is reused unless --reevaluate). The tables go to OUT/paired-A-vs-B.md
+and .json. An arm name used again in another comparison under the same
 OUT reuses its run. Everything runs through the CLIs.
 """
 
@@ -71,8 +72,8 @@ def final_metrics(run: Path) -> dict:
     if path.exists():
         for line in path.read_text().splitlines():
             rec = json.loads(line)
-            kind = "val" if any(k.startswith("val") for k in rec) else "train"
-            out[kind] = rec
+            if rec.get("split") in ("train", "val"):
+                out[rec["split"]] = rec
     return out
 
 
@@ -98,6 +99,7 @@ def main() -> None:
     p.add_argument("--limit", type=int)
     p.add_argument("--max-new-tokens", type=int, default=256)
     p.add_argument("--kv-cache-memory-bytes", type=int)
+    p.add_argument("--reevaluate", action="store_true", help="measure a finished pair again")
     args = p.parse_args()
     try:
         arms = parse_arms(args.arm or DEFAULT_ARMS)
@@ -156,11 +158,15 @@ def run_experiment(args: argparse.Namespace, arms: list, code: dict[str, Path]) 
         "kv_cache_memory_bytes": args.kv_cache_memory_bytes,
     }
     sets = [f"{k}={v}" for k, v in settings.items() if v is not None]
-    cli(
-        REPO, "eval-acceptance", "--target", str(target),
-        *[x for d in drafters for x in ("--draft", str(d))],
-        "--out", str(eval_dir), *[x for s in sets for x in ("--set", s)],
-    )  # fmt: skip
+    if (eval_dir / "summary.json").is_file() and not args.reevaluate:
+        print(f"{eval_dir}: finished evaluation reused (--reevaluate measures again)")
+    else:
+        cli(
+            REPO, "eval-acceptance", "--target", str(target),
+            *[x for d in drafters for x in ("--draft", str(d))],
+            "--out", str(eval_dir), *[x for s in sets for x in ("--set", s)],
+            *(["--overwrite"] if args.reevaluate else []),
+        )  # fmt: skip
     records = [json.loads(x) for x in (eval_dir / "per_prompt.jsonl").read_text().splitlines()]
     rows = paired_table(records, str(drafters[0]), str(drafters[1]))
     lines = [table_markdown(rows, name_a, name_b), "", "| arm | RMSNorm gains moved | max abs"
@@ -170,7 +176,7 @@ def run_experiment(args: argparse.Namespace, arms: list, code: dict[str, Path]) 
         lines.append(
             f"| {name} | {g['moved']} / {g['elements']} | {g['max_abs_change']:.4g} | "
             f"{fin.get('train', {}).get('loss', float('nan')):.4f} | "
-            f"{fin.get('val', {}).get('val_loss', float('nan')):.4f} |"
+            f"{fin.get('val', {}).get('loss', float('nan')):.4f} |"
         )
     text = "\n".join(lines) + "\n"
     write_atomic(args.out / f"paired-{pair}.md", text)

@@ -66,7 +66,7 @@ def alternate(args: argparse.Namespace, seq: int, k: int, backends: list[str]) -
 
     import torch
 
-    from eagle_train.drafts.base import Batch
+    from eagle_train.data.loader import Batch
     from eagle_train.drafts.eagle3.config import Eagle3Config
     from eagle_train.drafts.eagle_family import set_backend
     from eagle_train.drafts.registry import get_draft
@@ -82,7 +82,7 @@ def alternate(args: argparse.Namespace, seq: int, k: int, backends: list[str]) -
     ids = torch.randint(3, target.config.vocab_size, (args.batch, seq), device=device)
     ones = torch.ones_like(ids)
     batch = Batch(ids, ones, ones, torch.full((args.batch,), seq, device=device))
-    features = target.features(ids, ones, spec.target_layer_ids(cfg, target.config))
+    features = target.features(ids, ones, spec.target_layer_ids(cfg, target.description))
     times: dict[str, list[float]] = {b: [] for b in backends}
     for i in range(args.steps + 1):  # the first round is a warm-up
         for backend in backends if i % 2 == 0 else backends[::-1]:

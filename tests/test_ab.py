@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from eagle_train.evaluate.ab import norm_gain_stats, paired_table
+from eagle_train.evaluate.ab import norm_gain_stats, paired_table, table_markdown
 
 
 def rec(model: str, pid: str, cat: str, drafts: int, accepted: int) -> dict:
@@ -40,6 +40,7 @@ def test_paired_table_per_category_and_overall() -> None:
     assert (x.category, x.n) == ("x", 2)
     assert x.al_a == pytest.approx(1.75) and x.al_b == pytest.approx(1 + 20 / 18)
     assert x.diff == pytest.approx(0.35) and x.t == pytest.approx(0.35 / 0.15)
+    assert (x.mean_a, x.mean_b) == pytest.approx((1.75, 2.1))  # (1.5 + 2) / 2, (2.2 + 2) / 2
     assert x.ci_low == pytest.approx(0.35 - 12.7062 * 0.15, abs=1e-3)
     # y: 1 + 2/9 vs 1 + 9/9; differences 0.5, 1.0: mean .75, sem .25
     assert y.al_a == pytest.approx(1 + 2 / 9) and y.al_b == pytest.approx(2.0)
@@ -47,6 +48,7 @@ def test_paired_table_per_category_and_overall() -> None:
     # overall: differences .5 .2 .5 1.0: mean .55, var .11, sem sqrt(.11/4), t_.975,3 = 3.1824
     sem = (0.11 / 4) ** 0.5
     assert overall.n == 4 and overall.diff == pytest.approx(0.55)
+    assert (overall.mean_a, overall.mean_b) == pytest.approx((1.5, 2.05))
     assert overall.al_a == pytest.approx(1 + 17 / 29) and overall.al_b == pytest.approx(1 + 29 / 27)
     assert overall.t == pytest.approx(0.55 / sem)
     assert (overall.ci_low, overall.ci_high) == pytest.approx(
@@ -70,3 +72,11 @@ def test_norm_gain_stats_count_moved_elements() -> None:
     assert got["tensors"] == 2 and got["elements"] == 5 and got["moved"] == 2
     assert got["max_abs_change"] == 0.0078125
     assert got["mean_abs_change"] == pytest.approx((0.00390625 + 0.0078125) / 5)
+
+
+def test_markdown_shows_the_means_the_difference_is_of() -> None:
+    text = table_markdown(paired_table(RECORDS, "A", "B"), "A", "B")
+    assert "| mean AL A | mean AL B | diff (B - A) |" in text
+    # overall: means 1.5 and 2.05, difference +0.55, pooled 1 + 17/29 and 1 + 29/27
+    assert "| **overall** | 4 | 1.500 | 2.050 | +0.550 |" in text
+    assert text.rstrip().endswith("| 1.586 | 2.074 |")

@@ -7,16 +7,21 @@ trains as, and the exact text of each span the target generates at serving time.
 
 from __future__ import annotations
 
+from datetime import date
 from pathlib import Path
 
 import pytest
 from data_fixtures import build_tokenizer
 
 from eagle_train.data import ChatRenderer
+from eagle_train.data.answers import answer_message
+from eagle_train.data.messages import parse_turns
 
 TEMPLATES = Path(__file__).parent / "assets" / "chat_templates"
 FAMILY_TOKENS = ["<s>", "</s>", "[INST]", "[/INST]", "<think>", "</think>"]
 FAMILY_TOKENS += ["<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>"]
+FAMILY_TOKENS += ["<|start|>", "<|message|>", "<|end|>", "<|channel|>", "<|return|>", "<|call|>"]
+FAMILY_TOKENS += ["<|constrain|>"]
 
 CHAT = [
     {"role": "user", "content": "What is 2+2?"},
@@ -51,6 +56,45 @@ Q_TOOL_PROMPT = (
     "<|im_start|>user\nWeather in Paris?<|im_end|>\n"
     f"{Q_ASSISTANT}{Q_CALL}<|im_end|>\n"
     "<|im_start|>user\n<tool_response>\n22C\n</tool_response><|im_end|>\n"
+)
+
+# gpt-oss (harmony). The template has no date variable: "Current date:" is strftime_now, which
+# the cases pin through the template variables (a render variable shadows the global).
+JAN_1 = {"strftime_now": lambda fmt: date(2025, 1, 1).strftime(fmt)}
+H_IDENTITY = "You are ChatGPT, a large language model trained by OpenAI."
+H_SYS = (
+    "<|start|>system<|message|>{identity}\nKnowledge cutoff: 2024-06\nCurrent date: 2025-01-01"
+    "\n\nReasoning: {effort}\n\n# Valid channels: analysis, commentary, final. Channel must "
+    "be included for every message.<|end|>"
+)
+H_USER1 = "<|start|>user<|message|>What is 2+2?<|end|>"
+H_USER2 = "<|start|>user<|message|>And 3+3?<|end|>"
+H_ASSISTANT = "<|start|>assistant"  # the generation prompt
+H_FINAL = "<|channel|>final<|message|>"
+H_ROW1 = H_SYS.format(identity=H_IDENTITY, effort="medium") + H_USER1 + H_ASSISTANT
+H_CALL = ' to=functions.get_weather<|channel|>commentary json<|message|>{"city": "Paris"}<|call|>'
+H_TOOL_PROMPT = (
+    H_SYS.format(identity=H_IDENTITY, effort="medium")
+    + "<|start|>user<|message|>Weather in Paris?<|end|>"
+    + H_ASSISTANT
+)
+H_TOOL_RESULT = (
+    '<|start|>functions.get_weather to=assistant<|channel|>commentary<|message|>"22C"<|end|>'
+)
+# Reasoning given as the inputs carry it (``thinking``, ``reasoning_content``), read by the
+# project's own parser, which hands the template the ``thinking`` key it renders.
+H_REASONED = parse_turns(
+    [CHAT[0], {**CHAT[1], "thinking": "2+2 is 4."}, CHAT[2], REASONED[3]], "messages", "golden"
+)
+H_TOOL_REASONED = parse_turns(
+    [
+        TOOL_CHAT[0],
+        {**TOOL_CHAT[1], "reasoning_content": "Need the weather."},
+        TOOL_CHAT[2],
+        {**TOOL_CHAT[3], "thinking": "22C is warm."},
+    ],
+    "messages",
+    "golden",
 )
 
 # case: (template, messages, chat_template_kwargs, [(row text, [supervised pieces])])
@@ -160,6 +204,128 @@ CASES = {
             ),
         ],
     ),
+    # Earlier final messages end in <|end|>, the last one in <|return|>: never one row.
+    "gpt_oss_chat": (
+        "gpt_oss.jinja",
+        CHAT,
+        JAN_1,
+        [
+            (f"{H_ROW1}{H_FINAL}4.<|return|>", [f"{H_FINAL}4.<|return|>"]),
+            (
+                f"{H_ROW1}{H_FINAL}4.<|end|>{H_USER2}{H_ASSISTANT}{H_FINAL}6.<|return|>",
+                [f"{H_FINAL}6.<|return|>"],
+            ),
+        ],
+    ),
+    # A system (or developer) message becomes harmony's developer message under
+    # "# Instructions"; the system message proper is the template's own (model_identity).
+    "gpt_oss_developer_message": (
+        "gpt_oss.jinja",
+        [{"role": "system", "content": "Be brief."}, *CHAT[:2]],
+        {**JAN_1, "model_identity": "You are Tiny."},
+        [
+            (
+                H_SYS.format(identity="You are Tiny.", effort="medium")
+                + "<|start|>developer<|message|># Instructions\n\nBe brief.\n\n<|end|>"
+                + f"{H_USER1}{H_ASSISTANT}{H_FINAL}4.<|return|>",
+                [f"{H_FINAL}4.<|return|>"],
+            )
+        ],
+    ),
+    # The last turn's analysis is generated (supervised); earlier turns' analysis is dropped.
+    "gpt_oss_thinking": (
+        "gpt_oss.jinja",
+        H_REASONED,
+        {**JAN_1, "reasoning_effort": "high"},
+        [
+            (
+                H_SYS.format(identity=H_IDENTITY, effort="high")
+                + f"{H_USER1}{H_ASSISTANT}<|channel|>analysis"
+                f"<|message|>2+2 is 4.<|end|>{H_ASSISTANT}{H_FINAL}4.<|return|>",
+                [
+                    f"<|channel|>analysis<|message|>2+2 is 4.<|end|>{H_ASSISTANT}{H_FINAL}4.<|return|>"
+                ],
+            ),
+            (
+                H_SYS.format(identity=H_IDENTITY, effort="high")
+                + f"{H_USER1}{H_ASSISTANT}{H_FINAL}4.<|end|>{H_USER2}"
+                f"{H_ASSISTANT}<|channel|>analysis<|message|>3+3 is 6.<|end|>{H_ASSISTANT}"
+                f"{H_FINAL}6.<|return|>",
+                [
+                    f"<|channel|>analysis<|message|>3+3 is 6.<|end|>{H_ASSISTANT}{H_FINAL}6.<|return|>"
+                ],
+            ),
+        ],
+    ),
+    # A tool call without analysis renders the same before and after the final answer: one row.
+    "gpt_oss_tool_call": (
+        "gpt_oss.jinja",
+        TOOL_CHAT,
+        JAN_1,
+        [
+            (
+                f"{H_TOOL_PROMPT}{H_CALL}{H_TOOL_RESULT}{H_ASSISTANT}{H_FINAL}It is 22C.<|return|>",
+                [H_CALL, f"{H_FINAL}It is 22C.<|return|>"],
+            )
+        ],
+    ),
+    # The tool call's analysis stays in the prompt until a final message exists (the template
+    # drops it then): the final answer's row is the prompt the target saw, with that analysis,
+    # and the answer from its own analysis on (what follows the generation prompt).
+    "gpt_oss_tool_call_thinking": (
+        "gpt_oss.jinja",
+        H_TOOL_REASONED,
+        JAN_1,
+        [
+            (
+                f"{H_TOOL_PROMPT}<|channel|>analysis<|message|>Need the weather.<|end|>"
+                f"{H_ASSISTANT}{H_CALL}",
+                [f"<|channel|>analysis<|message|>Need the weather.<|end|>{H_ASSISTANT}{H_CALL}"],
+            ),
+            (
+                f"{H_TOOL_PROMPT}<|channel|>analysis<|message|>Need the weather.<|end|>"
+                f"{H_ASSISTANT}{H_CALL}{H_TOOL_RESULT}{H_ASSISTANT}<|channel|>analysis<|message|>"
+                f"22C is warm.<|end|>{H_ASSISTANT}{H_FINAL}It is 22C.<|return|>",
+                [
+                    "<|channel|>analysis<|message|>22C is warm.<|end|>"
+                    f"{H_ASSISTANT}{H_FINAL}It is 22C.<|return|>"
+                ],
+            ),
+        ],
+    ),
+}
+
+
+H_ANALYSIS = "<|channel|>analysis<|message|>3+3 is 6.<|end|>"
+# A generated turn (regeneration) back into the fields each template reads: (template, text
+# generated after the prompt of CHAT[:3], message, the supervised piece of its row: the text
+# and the stop token the target ended it with).
+GENERATED = {
+    "gpt_oss_analysis_and_final": (
+        "gpt_oss.jinja",
+        f"{H_ANALYSIS}{H_ASSISTANT}{H_FINAL}6.",
+        {
+            "role": "assistant",
+            "content": "6.",
+            "reasoning_content": "3+3 is 6.",
+            "thinking": "3+3 is 6.",
+        },
+        f"{H_ANALYSIS}{H_ASSISTANT}{H_FINAL}6.<|return|>",
+    ),
+    "gpt_oss_final_only": (
+        "gpt_oss.jinja",
+        f"{H_FINAL}6.",
+        {"role": "assistant", "content": "6."},
+        f"{H_FINAL}6.<|return|>",
+    ),
+    # Qwen3's template reads the think block out of the content: the text stays the content.
+    "qwen3_think_block": (
+        "qwen3.jinja",
+        "<think>\n3+3 is 6.\n</think>\n\n6.",
+        {"role": "assistant", "content": "<think>\n3+3 is 6.\n</think>\n\n6."},
+        "<think>\n3+3 is 6.\n</think>\n\n6.<|im_end|>",
+    ),
+    "smollm2": ("smollm2.jinja", "6.", {"role": "assistant", "content": "6."}, "6.<|im_end|>"),
 }
 
 
@@ -211,3 +377,13 @@ def _masked_runs(ids, mask):
             runs.append(current)
             current = []
     return runs + ([current] if current else [])
+
+
+@pytest.mark.parametrize("case", sorted(GENERATED))
+def test_generated_turn_trains_as_generated(tokenizer, case):
+    template, text, message, piece = GENERATED[case]
+    renderer = _renderer(tokenizer, template, JAN_1)
+    answer = answer_message(renderer, CHAT[:3], text, "regen.jsonl:1")
+    assert answer == message
+    text_of_row, spans = renderer.training_rows([*CHAT[:3], answer], "regen.jsonl:1")[-1]
+    assert [text_of_row[s:e] for s, e in spans][-1] == piece

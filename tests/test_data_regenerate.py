@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -131,6 +132,70 @@ def test_turns_in_order_batched_and_counted(tmp_path, model_dir, tokenizer, monk
     assert meta["regeneration"]["path"] == str(regen.path.resolve())
     assert meta["regeneration"]["settings"]["max_model_len"] == 70
     assert meta["counts"]["failed"] == {"prompt_too_long": 1}
+
+
+HARMONY_TOKENS = ["<|start|>", "<|message|>", "<|end|>", "<|channel|>", "<|return|>", "<|call|>"]
+
+
+class HarmonyBackend:
+    """Answers like gpt-oss: analysis, then the final message, then <|return|>."""
+
+    name = "scripted-harmony"
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+        self.replies: list[list[int]] = []
+
+    def generate(self, prompts, max_new_tokens, seeds):
+        stop = self.tokenizer.convert_tokens_to_ids("<|return|>")
+        for p in prompts:
+            text = (
+                f"<|channel|>analysis<|message|>think {len(p)}<|end|><|start|>assistant"
+                f"<|channel|>final<|message|>reply to {len(p)}"
+            )
+            self.replies.append(self.tokenizer.encode(text) + [stop])
+        return self.replies[-len(prompts) :]
+
+    def close(self):
+        pass
+
+
+def test_harmony_answers_train_as_generated(tmp_path, monkeypatch):
+    # gpt-oss refuses channel tags in the content: the generated turn becomes thinking +
+    # content, the next prompt holds it as the template writes history (analysis dropped), and
+    # each row supervises exactly the tokens the target generated, <|return|> included.
+    template = Path(__file__).parent / "assets" / "chat_templates" / "gpt_oss.jinja"
+    tok_dir = tmp_path / "harmony-tok"
+    tokenizer = build_tokenizer(tok_dir, chat_template=template.read_text())
+    tokenizer.add_tokens(HARMONY_TOKENS, special_tokens=True)
+    tokenizer.save_pretrained(str(tok_dir))
+    backend = HarmonyBackend(tokenizer)
+    monkeypatch.setattr(prepare_module, "create_backend", lambda *a, **k: backend)
+    records = [{"id": "h", "messages": chat("one", "old 1", "two", "old 2")}]
+    report = prepare_data(make_cfg(tmp_path, tok_dir, records, max_new_tokens=64))
+    assert report.regeneration.done == 1 and report.num_examples == 1
+
+    def prompt_len(messages):
+        ids = tokenizer.apply_chat_template(
+            messages, add_generation_prompt=True, tokenize=True, return_dict=False
+        )
+        return len(ids)
+
+    def answer(n):
+        return {"role": "assistant", "content": f"reply to {n}", "thinking": f"think {n}"}
+
+    n1 = prompt_len(chat("one"))
+    n2 = prompt_len([*chat("one"), answer(n1), {"role": "user", "content": "two"}])
+    expected = [*chat("one"), answer(n1), {"role": "user", "content": "two"}, answer(n2)]
+    for m in expected[1::2]:
+        m["reasoning_content"] = m["thinking"]
+    assert read_jsonl(report.regeneration.path)[0]["messages"] == expected
+    rows = load_prepared(make_cfg(tmp_path, tok_dir).output_dir)
+    assert len(rows) == 2  # one per answer: the template rewrites earlier turns
+    for row, reply, n in zip(rows, backend.replies, (n1, n2), strict=True):
+        assert len(row["input_ids"]) == n + len(reply)
+        assert row["input_ids"][n:] == reply  # the prompt, then what the target generated
+        assert row["loss_mask"] == [0] * n + [1] * len(reply)
 
 
 def test_generation_error_fails_only_its_record(tmp_path, model_dir, tokenizer, monkeypatch):

@@ -16,11 +16,21 @@ Templates that rewrite earlier turns once later ones exist (Qwen3 drops ``<think
 assistant turns) do not render prefix-consistently: the full rendering does not start with
 ``S_i``. Then each assistant turn becomes its own training row, ``S_i`` with the span
 ``[len(P_i), len(S_i))``: the conversation up to that turn exactly as the template renders it
-when the target answers that turn at serving time (the peers' per-turn samples). A template
-whose prompt changes once the answer exists (``S_i`` does not start with ``P_i``: Mistral-Nemo
-writes the system message into the last user turn only) gives the row ``P_i`` + the answer as
-the template writes it (content and end of turn, located with a marker in place of the
-content), which is again exactly what the target is asked and generates at serving time.
+when the target answers that turn at serving time (the peers' per-turn samples). gpt-oss
+(harmony) is such a template: earlier final messages end in ``<|end|>`` and the last in
+``<|return|>``, and analysis (``thinking``) is dropped from earlier turns.
+
+A template whose prompt changes once the answer exists (``S_i`` does not start with ``P_i``:
+Mistral-Nemo writes the system message into the last user turn only; harmony keeps a tool
+call's analysis in the prompt until a final message follows it) gives the row ``P_i`` + the
+turn as the template writes it after the generation prompt. The turn is located in a rendering
+with markers in place of the message's content and reasoning: it starts after the last
+occurrence of the generation prompt (``P_i`` minus ``render(messages[:i])``, e.g.
+``<|start|>assistant``) before the first marker, so what the template writes there (harmony's
+``<|channel|>analysis<|message|>...`` and ``<|channel|>final<|message|>``) is supervised; a
+template without a generation prompt (Mistral), or whose turns do not repeat it, supervises
+from the content on. Either way the row is exactly what the target is asked and generates at
+serving time.
 
 ``template_kwargs`` (``chat_template_kwargs``, e.g. ``enable_thinking``) reach every rendering,
 so a ``<think></think>`` block the template writes into the generation prompt is prompt, not
@@ -42,7 +52,7 @@ from typing import Any, cast
 import jinja2
 
 from eagle_train.data.errors import DataError
-from eagle_train.data.messages import Message
+from eagle_train.data.messages import REASONING_KEYS, Message
 
 MARKER = "\x00CONTENT\x00"
 GENERATION_TAG = re.compile(r"\{%-?\s*generation\s*-?%\}")
@@ -156,10 +166,7 @@ class ChatRenderer:
                     f"{where}: the conversation starts with an assistant turn (no prompt for it)",
                     reason="assistant_first",
                 )
-            prompt = self.render(messages[:i], add_generation_prompt=True, where=where)
-            turn = self.render(messages[: i + 1], where=where)
-            exact = turn.startswith(prompt)
-            generated = turn[len(prompt) :] if exact else self._generated_text(messages, i, where)
+            prompt, generated, exact = self.served_turn(messages, i, where)
             text = prompt + generated
             end = len(text.rstrip())
             if end <= len(prompt):
@@ -173,13 +180,42 @@ class ChatRenderer:
         # The template rewrites earlier turns: one row per turn, as served.
         return [(text, [span]) for text, span, _ in turns]
 
-    def _generated_text(self, messages: list[Message], i: int, where: str) -> str:
-        """Assistant message ``i`` as the template writes it (content + end of turn), for
-        templates whose prompt changes once the answer exists (Mistral moves the system
-        message to the last user turn): the rendered turn from where its content starts."""
-        probe = [*messages[:i], {**messages[i], "content": MARKER}]
-        opening, found, _ = self.render(probe, where=where).partition(MARKER)
+    def served_turn(self, messages: list[Message], i: int, where: str) -> tuple[str, str, bool]:
+        """Assistant message ``i`` at serving time: the prompt ``P_i``, the text the target
+        generates after it (as the template writes the turn), and whether ``S_i`` starts with
+        ``P_i`` (see the module docstring)."""
+        prompt = self.render(messages[:i], add_generation_prompt=True, where=where)
         turn = self.render(messages[: i + 1], where=where)
+        exact = turn.startswith(prompt)
+        generated = turn[len(prompt) :] if exact else self._generated_text(messages, i, where)
+        return prompt, generated, exact
+
+    def _generated_text(self, messages: list[Message], i: int, where: str) -> str:
+        """Assistant message ``i`` as the template writes it after the generation prompt, for
+        templates whose prompt changes once the answer exists (see the module docstring)."""
+        before = self.render(messages[:i], where=where)
+        prompt = self.render(messages[:i], add_generation_prompt=True, where=where)
+        opener = prompt[len(before) :] if prompt.startswith(before) else ""
+        turn = self.render(messages[: i + 1], where=where)
+        message = messages[i]
+        data = [k for k in ("content", *REASONING_KEYS) if isinstance(message.get(k), str)]
+        data = [k for k in data if message[k]]
+        if opener and data:
+            # The turn opens with the generation prompt, before the message's first data.
+            opening = self._opening(messages, i, data, turn, where)
+            start = opening.rfind(opener)
+            if start >= 0:
+                return turn[start + len(opener) :]
+        # No generation prompt (Mistral), or turns that do not repeat it: from the content on.
+        # Reasoning written before the content is then not generated (e.g. thinking disabled).
+        return turn[len(self._opening(messages, i, ["content"], turn, where)) :]
+
+    def _opening(
+        self, messages: list[Message], i: int, keys: list[str], turn: str, where: str
+    ) -> str:
+        """``turn`` up to the first of message ``i``'s ``keys``, found by rendering markers there."""
+        probe = [*messages[:i], {**messages[i], **dict.fromkeys(keys, MARKER)}]
+        opening, found, _ = self.render(probe, where=where).partition(MARKER)
         if not found or not turn.startswith(opening):
             raise DataError(
                 f"{where}: assistant message {i + 1}: the chat template's generation prompt "
@@ -187,7 +223,7 @@ class ChatRenderer:
                 "be marked",
                 reason="template_not_prefix_consistent",
             )
-        return turn[len(opening) :]
+        return opening
 
     def tokenize_rows(
         self, messages: list[Message], max_length: int, where: str

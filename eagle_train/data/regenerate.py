@@ -24,6 +24,7 @@ from typing import Any, TextIO
 
 from tqdm import tqdm
 
+from eagle_train.data.answers import answer_message
 from eagle_train.data.backends import GenerationBackend
 from eagle_train.data.chat import ChatRenderer
 from eagle_train.data.errors import BadRecordPolicy, DataError
@@ -244,12 +245,13 @@ def _generate_turns(
                 skip_special_tokens=False,
                 clean_up_tokenization_spaces=False,
             )
-            message = conv.messages[conv.targets[turn]]
-            message["content"] = content
             # The generated text is the whole turn (a tool call or a think block included, as
-            # the model wrote them); the dataset's own versions no longer belong to it.
-            for key in ("tool_calls", "reasoning_content", "thinking"):
-                message.pop(key, None)
+            # the model wrote them); the dataset's own versions no longer belong to it. It
+            # becomes the fields the template writes back as that text (answers.py).
+            i = conv.targets[turn]
+            conv.messages[i] = answer_message(
+                renderer, conv.messages[:i], content, conv.record.where
+            )
             report.num_generated_turns += 1
             report.num_cut_turns += int(not stopped and len(gen) >= limit)
 

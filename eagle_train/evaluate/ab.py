@@ -21,9 +21,11 @@ from eagle_train.evaluate.stats import paired_difference
 class PairedRow:
     category: str
     n: int  # paired requests (prompt, turn)
-    al_a: float  # 1 + accepted / drafts over the category's requests
+    al_a: float  # 1 + accepted / drafts over the category's requests (pooled)
     al_b: float
-    diff: float  # mean per-request AL difference b - a
+    mean_a: float  # mean of the per-request ALs: the quantity the difference is a mean of
+    mean_b: float
+    diff: float  # mean per-request AL difference b - a (= mean_b - mean_a)
     t: float
     ci_low: float
     ci_high: float
@@ -54,28 +56,32 @@ def paired_table(records: list[dict[str, Any]], a: str, b: str) -> list[PairedRo
     out = []
     for category, ks in [*sorted(groups.items()), ("overall", keys)]:
         ra, rb = [by_key[a][k] for k in ks], [by_key[b][k] for k in ks]
+        xa = [r["acceptance_length"] for r in ra]
+        xb = [r["acceptance_length"] for r in rb]
         if len(ks) >= 2:
-            d = paired_difference(
-                [r["acceptance_length"] for r in ra], [r["acceptance_length"] for r in rb]
-            )
+            d = paired_difference(xa, xb)
             t, lo, hi, diff = d.t, d.ci_low, d.ci_high, d.mean
         else:
-            diff = rb[0]["acceptance_length"] - ra[0]["acceptance_length"]
+            diff = xb[0] - xa[0]
             t, lo, hi = float("nan"), float("nan"), float("nan")
-        out.append(PairedRow(category, len(ks), _al(ra), _al(rb), diff, t, lo, hi))
+        mean_a, mean_b = sum(xa) / len(xa), sum(xb) / len(xb)
+        out.append(PairedRow(category, len(ks), _al(ra), _al(rb), mean_a, mean_b, diff, t, lo, hi))
     return out
 
 
 def table_markdown(rows: list[PairedRow], name_a: str, name_b: str) -> str:
+    """Mean per-request AL of each arm (what the paired difference is a mean of), then the
+    pooled AL (1 + all accepted / all drafts, weighted by each request's drafts)."""
     lines = [
-        f"| category | n | AL {name_a} | AL {name_b} | diff ({name_b} - {name_a}) | t | 95% CI |",
-        "|---|---|---|---|---|---|---|",
+        f"| category | n | mean AL {name_a} | mean AL {name_b} | diff ({name_b} - {name_a}) "
+        f"| t | 95% CI | pooled AL {name_a} | pooled AL {name_b} |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         cat = f"**{r.category}**" if r.category == "overall" else r.category
         lines.append(
-            f"| {cat} | {r.n} | {r.al_a:.3f} | {r.al_b:.3f} | {r.diff:+.3f} | {r.t:.2f} | "
-            f"[{r.ci_low:+.3f}, {r.ci_high:+.3f}] |"
+            f"| {cat} | {r.n} | {r.mean_a:.3f} | {r.mean_b:.3f} | {r.diff:+.3f} | {r.t:.2f} | "
+            f"[{r.ci_low:+.3f}, {r.ci_high:+.3f}] | {r.al_a:.3f} | {r.al_b:.3f} |"
         )
     return "\n".join(lines) + "\n"
 
