@@ -7,12 +7,15 @@
 #   5. floors: a random-init drafter of the same shape (lr 0, one step) and vLLM's n-gram
 #   6. the same drafter trained on prompts SmolLM2 wrote itself (no dataset at all)
 #   7. eval-acceptance on MT-Bench (both turns): AL, per-position acceptance, greedy equality,
-#      and the paired per-prompt difference of every drafter against the first
+#      and the paired per-prompt difference of every drafter against the first (acceptance
+#      only: interleave=false serves the target alone once instead of once per drafter)
 # Wall time per stage goes to runs/real/stage_times.tsv. Sizes are in
 # configs/data/smollm2-*.yaml, configs/train/eagle3-smollm2.yaml and below (EVAL_LIMIT
 # MT-Bench questions, EVAL_NEW tokens per answer).
 #   EAGLE_TRAIN_REAL_TARGET=DIR  use an already converted copy (DIR/bf16, DIR/fp32)
 #   NO_SETUP=1                   use the commands already on PATH instead of scripts/setup_cpu.sh
+# A rerun continues: prepared data is kept (remove runs/real_data/NAME to redo it), training
+# resumes from its newest checkpoint, the evaluation is measured again.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ -z "${NO_SETUP:-}" ]; then
@@ -20,7 +23,7 @@ if [ -z "${NO_SETUP:-}" ]; then
     . .venv/bin/activate
 fi
 export VLLM_ENABLE_V1_MULTIPROCESSING=0 HF_HUB_OFFLINE=1 VLLM_CACHE_ROOT="$PWD/runs/.vllm_cache"
-EVAL_LIMIT=${EVAL_LIMIT:-5}
+EVAL_LIMIT=${EVAL_LIMIT:-80}
 EVAL_NEW=${EVAL_NEW:-64}
 OUT=runs/real
 mkdir -p $OUT
@@ -39,7 +42,7 @@ TARGET=${EAGLE_TRAIN_REAL_TARGET:-runs/smollm2}
 [ -n "${EAGLE_TRAIN_REAL_TARGET:-}" ] || stage fetch fetch-real-target runs/smollm2
 [ -f runs/real_world/world.json ] || stage demo-chats build-demo-world runs/real_world \
     -c configs/demo/default.yaml --set "families=[]"
-stage prepare-demo-chats prepare-data -c configs/data/smollm2-demo-chats.yaml \
+[ -f runs/real_data/demo-chats/meta.json ] || stage prepare-demo-chats prepare-data -c configs/data/smollm2-demo-chats.yaml \
     --set tokenizer=$TARGET/bf16
 stage train-demo-chats train-draft -c configs/train/eagle3-smollm2.yaml \
     --set target.path=$TARGET/bf16 --resume auto
@@ -54,7 +57,7 @@ stage random-init train-draft -c configs/train/eagle3-smollm2.yaml --set target.
 stage export-random export-draft "$(last $OUT/random)" $OUT/random/drafter --overwrite
 
 # No dataset: SmolLM2 writes the prompts, then answers them.
-stage prepare-synthesized prepare-data -c configs/data/smollm2-synthesized.yaml \
+[ -f runs/real_data/synthesized/meta.json ] || stage prepare-synthesized prepare-data -c configs/data/smollm2-synthesized.yaml \
     --set tokenizer=$TARGET/bf16
 stage train-synthesized train-draft -c configs/train/eagle3-smollm2.yaml \
     --set target.path=$TARGET/bf16 --set data.train=runs/real_data/synthesized \
@@ -64,8 +67,8 @@ stage export-synthesized export-draft "$(last $OUT/eagle3-synthesized)" \
 
 stage eval eval-acceptance --target $TARGET/bf16 \
     --draft $OUT/eagle3-demo-chats/drafter --draft $OUT/eagle3-synthesized/drafter \
-    --draft ngram --draft $OUT/random/drafter --out $OUT/eval \
+    --draft ngram --draft $OUT/random/drafter --out $OUT/eval --overwrite \
     --set num_speculative_tokens=3 --set turns=2 --set num_prompts="$EVAL_LIMIT" \
     --set max_new_tokens="$EVAL_NEW" --set kv_cache_memory_bytes=268435456 \
-    --set max_model_len=2048
+    --set max_model_len=2048 --set interleave=false
 cat $TIMES

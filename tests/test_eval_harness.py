@@ -108,3 +108,38 @@ def test_report_files_and_paired_statistics(evaluated: dict) -> None:
     assert paired["n"] == 4 and paired["mean"] < -2.5
     assert paired["ci_high"] < 0
     assert evaluated["summary"]["baseline_tokens_per_s"] > 0
+
+
+def test_acceptance_only_serves_the_target_once(tmp_path) -> None:
+    """interleave=False: the target alone once (both turns), then the drafter on the same
+    requests; the same acceptance as the interleaved run, no rounds."""
+    target = build_identity_target(tmp_path / "target")
+    tok = AutoTokenizer.from_pretrained(target)
+    tok.chat_template = "{% for m in messages %}{{ m['content'] }} {% endfor %}"
+    tok.save_pretrained(target)
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text(json.dumps({"id": "a", "turns": ["t5 t17 t40", "t9"]}) + "\n")
+    perfect = build_perfect_eagle3(target, tmp_path / "perfect", K)
+    settings = EvalSettings(
+        target=target,
+        drafters=[perfect],
+        prompts=str(prompts),
+        turns=2,
+        max_new_tokens=16,
+        dtype="float32",
+        max_model_len=512,
+        kv_cache_memory_bytes=64 * 2**20,
+        ignore_eos=True,
+        interleave=False,
+    )
+    run = run_eval(settings)
+    assert [(r["model"], r["turn"]) for r in run.records] == [
+        ("target", 1),
+        ("target", 2),
+        (str(perfect), 1),
+        (str(perfect), 2),
+    ]
+    assert run.rounds == {}
+    target_out = [r["output"] for r in run.records if r["model"] == "target"]
+    assert [r["output"] for r in run.records if r["model"] == str(perfect)] == target_out
+    assert all(r["acceptance_length"] == K + 1 for r in run.records if r["drafts"])

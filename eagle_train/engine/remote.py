@@ -3,19 +3,36 @@
 Used for vLLM engines that must be alive side by side (an interleaved speed measurement,
 one regeneration engine per GPU): each process has its own CUDA context, its own vLLM
 distributed state and, with ``env``, its own visible devices. Nothing is inherited but the
-environment and the pickled constructor arguments.
+environment and the pickled constructor arguments. A worker dies with the process that
+started it (Linux: the parent-death signal), so a killed or preempted command leaves no
+engine running behind it.
 """
 
 from __future__ import annotations
 
+import ctypes
 import multiprocessing as mp
 import os
+import signal
+import sys
 import traceback
 from collections.abc import Callable
 from typing import Any
 
 
-def _serve(conn: Any, factory: Callable[..., Any], args: tuple, env: dict[str, str]) -> None:
+def _die_with(parent: int) -> None:
+    """SIGKILL this process when ``parent`` exits (an engine holds no user state)."""
+    if sys.platform.startswith("linux"):
+        pr_set_pdeathsig = 1
+        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
+    if os.getppid() != parent:  # the parent died before the signal was armed
+        os._exit(1)
+
+
+def _serve(
+    conn: Any, factory: Callable[..., Any], args: tuple, env: dict[str, str], parent: int
+) -> None:
+    _die_with(parent)
     os.environ.update(env)
     try:
         obj = factory(*args)
@@ -47,7 +64,9 @@ class Remote:
     ) -> None:
         ctx = mp.get_context("spawn")
         self.conn, child = ctx.Pipe()
-        self.proc = ctx.Process(target=_serve, args=(child, factory, args, env or {}), daemon=True)
+        self.proc = ctx.Process(
+            target=_serve, args=(child, factory, args, env or {}, os.getpid()), daemon=True
+        )
         self.proc.start()
         try:
             self.result()

@@ -63,6 +63,8 @@ def run_eval(settings: EvalSettings) -> EvalRun:
                 _warm_up(engine, first[0])
                 _record(run.records, str(info.path), first, engine.measure(first, settings))
         return run
+    if not settings.interleave:
+        return _one_after_another(run, tokenizer, prompts, first)
     alive = 2 if infos else 1
     with _open(settings, None, alive) as target:
         _warm_up(target, first[0])
@@ -79,6 +81,26 @@ def run_eval(settings: EvalSettings) -> EvalRun:
                 if i == 0:
                     second = _second_turn(tokenizer, prompts, t1, settings)
                 _interleaved(target, drafter, second, str(info.path), run, i == 0, rounds)
+    return run
+
+
+def _one_after_another(
+    run: EvalRun, tokenizer: Any, prompts: list[EvalPrompt], first: list[Request]
+) -> EvalRun:
+    """``interleave=False``: the target alone once, then each drafter on the same requests
+    (one engine alive at a time; speed ratios are not interleaved, so not reported)."""
+    settings = run.settings
+    with _open(settings, None, 1) as target:
+        _warm_up(target, first[0])
+        answers = target.measure(first, settings)
+        _record(run.records, "target", first, answers)
+        second = _second_turn(tokenizer, prompts, answers, settings)
+        _record(run.records, "target", second, target.measure(second, settings))
+    for info in run.drafters:
+        with _open(settings, info, 1) as drafter:
+            _warm_up(drafter, first[0])
+            for requests in (first, second):
+                _record(run.records, str(info.path), requests, drafter.measure(requests, settings))
     return run
 
 

@@ -40,6 +40,9 @@ class EvalSettings(AcceptanceSettings):
     # Requests per measurement round: the target alone and each drafter take turns round by
     # round (each engine in its own process), so a load change hits both sides of a round.
     round_size: int = Field(default=8, ge=1)
+    # False: acceptance only - the target alone runs once (turn 2's context, greedy
+    # equality), then each drafter once; no interleaved speedup (about half the serving).
+    interleave: bool = True
     # vLLM's GPU memory share per engine; None: 0.9 split between the engines alive at once.
     gpu_memory_utilization: float | None = Field(default=None, gt=0, le=1)
 

@@ -1,0 +1,57 @@
+"""engine/remote.py: a worker process answers calls, and dies with the process that started it
+(a killed eval-acceptance must not leave vLLM engines spinning behind it)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from eagle_train.engine.remote import Remote
+
+# The worker is busy in a long call (as an engine generating), so it is not waiting on the
+# pipe: only the parent-death signal can stop it.
+PARENT = """
+import threading, time
+from eagle_train.engine.remote import Remote
+remote = Remote(threading.Event)
+remote.submit("wait", 600)
+print(remote.proc.pid, flush=True)
+time.sleep(600)
+"""
+
+
+def test_calls_run_in_the_worker() -> None:
+    with Remote(dict, [("a", 1)]) as remote:
+        assert remote.call("get", "a") == 1
+        assert remote.proc.pid != os.getpid()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat") as f:  # a zombie waiting for init to reap it is gone
+        return f.read().split(")")[-1].split()[0] != "Z"
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="parent-death signal: Linux")
+def test_worker_dies_with_a_killed_parent() -> None:
+    parent = subprocess.Popen([sys.executable, "-c", PARENT], stdout=subprocess.PIPE, text=True)
+    assert parent.stdout is not None
+    worker = int(parent.stdout.readline())
+    assert _alive(worker)
+    parent.send_signal(signal.SIGKILL)  # no atexit, no daemon cleanup: only the kernel's signal
+    parent.wait()
+    deadline = time.monotonic() + 20
+    while _alive(worker) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    survived = _alive(worker)
+    if survived:
+        os.kill(worker, signal.SIGKILL)  # leave nothing behind when this test fails
+    assert not survived, "the worker outlived its parent"
