@@ -23,9 +23,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from pydantic import ValidationError
 from safetensors.torch import load_file, save_file
 
-from eagle_train.config import dump_config, load_config
+from eagle_train.config import ConfigError, dump_config, format_validation_error, read_yaml
 from eagle_train.data.loader import LoaderState
 from eagle_train.data.vocab import (
     VOCAB_FILE,
@@ -200,7 +201,7 @@ def load_for_resume(path: Path) -> Resumed:
     return Resumed(
         path=path,
         state=TrainerState.from_json((path / STATE_FILE).read_text()),
-        config=load_config(RunConfig, path / "config.yaml"),
+        config=stored_config(path),
         draft=load_file(str(path / DRAFT_FILE)),
         # weights_only=True explicitly: TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1 only overrides
         # calls that leave it unset, so a crafted pickle here never runs.
@@ -211,13 +212,30 @@ def load_for_resume(path: Path) -> Resumed:
     )
 
 
+def stored_config(path: Path) -> RunConfig:
+    """A checkpoint's run config. One written before the draft vocabulary size became the
+    draft's (``draft.draft_vocab_size``) holds ``data.draft_vocab_size`` (null unless set):
+    read as if written now, the size moved to the draft that has a vocabulary."""
+    file = path / "config.yaml"
+    data, lines = read_yaml(file)
+    section = data.get("data")
+    size = section.pop("draft_vocab_size", None) if isinstance(section, dict) else None
+    draft = data.get("draft")
+    if size is not None and isinstance(draft, dict) and "draft_vocab_size" not in draft:
+        draft["draft_vocab_size"] = size
+    try:
+        return RunConfig.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(format_validation_error(exc, str(file), lines, None, data)) from None
+
+
 def load_draft_checkpoint(path: str | Path) -> tuple[RunConfig, dict[str, torch.Tensor], int]:
     """(run config, draft state dict, step) of a checkpoint directory, for export."""
     path = Path(path)
     problems = checkpoint_problems(path)
     if problems:
         raise FileNotFoundError("not a usable checkpoint: " + "; ".join(problems))
-    cfg = load_config(RunConfig, path / "config.yaml")
+    cfg = stored_config(path)
     state = load_file(str(path / DRAFT_FILE))
     step = TrainerState.from_json((path / STATE_FILE).read_text()).step
     return cfg, state, step

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import torch
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from eagle_train.config import StrictModel
-from eagle_train.drafts.registry import DraftConfig, get_draft
+from eagle_train.drafts.registry import DRAFTS, DraftConfig
 from eagle_train.evaluate.settings import TrainAcceptance
 from eagle_train.optim import OptimConfig
 
@@ -34,9 +34,16 @@ class DataSection(StrictModel):
     micro_batch_size: int = Field(default=4, ge=1)
     max_length: int | None = Field(default=None, ge=8)  # crop sequences (None: as prepared)
     seed: int = 0
-    # Build the draft vocabulary in the trainer: each rank counts its shard, counts are
-    # summed over ranks. None: use the mapping prepare-data wrote (if any).
-    draft_vocab_size: int | None = Field(default=None, ge=1)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _size_moved(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "draft_vocab_size" in data:
+            raise ValueError(
+                "data.draft_vocab_size moved to draft.draft_vocab_size (the draft vocabulary "
+                "size is a property of the draft): set it there"
+            )
+        return data
 
 
 class TrainSection(StrictModel):
@@ -72,15 +79,17 @@ class RunConfig(StrictModel):
     optim: OptimConfig = OptimConfig()
     train: TrainSection
 
-    @model_validator(mode="after")
-    def _draft_vocab_is_used(self) -> RunConfig:
-        name = self.draft.algorithm
-        if self.data.draft_vocab_size is not None and not get_draft(name).uses_draft_vocab:
-            raise ValueError(
-                f"data.draft_vocab_size is set, but the {name} draft has no draft vocabulary "
-                "(it predicts over the target's whole vocabulary): remove the key"
-            )
-        return self
+    @field_validator("draft", mode="before")
+    @classmethod
+    def _draft_vocab_is_used(cls, draft: Any) -> Any:
+        if isinstance(draft, dict) and "draft_vocab_size" in draft:
+            name = draft.get("algorithm")
+            if name in DRAFTS and not DRAFTS[name].uses_draft_vocab:
+                raise ValueError(
+                    f"draft.draft_vocab_size is set, but the {name} draft has no draft "
+                    "vocabulary (it predicts over the target's whole vocabulary): remove the key"
+                )
+        return draft
 
 
 def resolve_device(name: str) -> torch.device:

@@ -11,10 +11,7 @@ from __future__ import annotations
 import gc
 import logging
 import math
-import shutil
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -24,30 +21,21 @@ from tqdm import tqdm
 
 from eagle_train.acceptance_probe import AcceptanceProbe
 from eagle_train.checkpoint import (
-    CheckpointError,
-    Resumed,
     TrainerState,
     capture_rng_state,
     checkpoint_name,
-    checkpoint_problems,
-    find_resumable,
-    load_for_resume,
-    restore_rng_state,
     save_checkpoint,
 )
 from eagle_train.config import dump_config
 from eagle_train.data.loader import Batch, BatchLoader, PreparedData
-from eagle_train.data.vocab import TokenCounter, VocabMapping, build_vocab_mapping
-from eagle_train.drafts.base import DraftSpec, loss_parts
+from eagle_train.drafts.base import loss_parts
 from eagle_train.drafts.registry import check_servable, get_draft
-from eagle_train.features import feature_sources, load_target
-from eagle_train.fsutil import UnsafePathError, check_output_path, hold_lock
+from eagle_train.fsutil import check_output_path
 from eagle_train.metrics import MetricLog, WeightedMean, format_metrics
 from eagle_train.optim import (
     PrecisionGuard,
     build_lr_scheduler,
     create_optimizer,
-    resolve_storage_dtype,
 )
 from eagle_train.parallel import (
     DistEnv,
@@ -59,15 +47,24 @@ from eagle_train.parallel import (
     gather_objects,
     gradient_sync,
     init_distributed,
-    load_full_state,
     local_value,
     shutdown,
     wrap_model,
 )
 from eagle_train.preemption import Preemption, resume_command
 from eagle_train.run_config import RunConfig
-from eagle_train.target import FrozenTarget, load_target_description
-from eagle_train.target.source import FeatureSource
+from eagle_train.target import load_target_description
+from eagle_train.train_setup import (
+    Components,
+    build_components,
+    check_draft_vocab_size,
+    restore,
+    resume_point,
+    run_lock,
+    to_device,
+    validation_batches,
+    with_resolved_paths,
+)
 
 log = logging.getLogger(__name__)
 CONSOLE_KEYS = ("loss", "acc_0", "sim_accept_len", "lr", "grad_norm", "tokens_per_s")
@@ -86,99 +83,29 @@ class TrainResult:
     preempted_by: str | None = None  # the signal that stopped the run early
 
 
-@dataclass
-class Components:
-    target: FrozenTarget  # whole, FSDP2-sharded, or its head alone (features from a cache)
-    features: FeatureSource  # training batches' target features (online or cached)
-    val_features: FeatureSource
-    spec: DraftSpec
-    draft: nn.Module  # the bare module (checkpoints, validation); the loop trains its DDP wrap
-    layer_ids: list[int]
-    vocab: VocabMapping | None
-    device: torch.device
-
-
-def build_components(
-    cfg: RunConfig, data: PreparedData, env: DistEnv, vocab: VocabMapping | None = None
-) -> Components:
-    target = load_target(cfg, env)
-    spec = get_draft(cfg.draft.algorithm)
-    layer_ids = spec.target_layer_ids(cfg.draft, target.description)
-    features, val_features = feature_sources(cfg, target, layer_ids, env)
-    if spec.uses_draft_vocab:
-        vocab = vocab or _draft_vocab(cfg, data, target.description.vocab_size, env)
-    elif data.vocab is not None:
-        log.info("the dataset's draft vocabulary is not used: this draft predicts the full one")
-    draft = spec.build(cfg.draft, target, vocab)
-    draft = draft.to(device=env.device, dtype=resolve_storage_dtype(target.dtype, cfg.optim))
-    return Components(
-        target=target,
-        features=features,
-        val_features=val_features,
-        spec=spec,
-        draft=draft,
-        layer_ids=layer_ids,
-        vocab=vocab,
-        device=env.device,
-    )
-
-
 def forward_loss(c: Components, model: nn.Module, batch: Batch, cfg: RunConfig):
     """Validation's forward: the loss of one batch of the validation set."""
-    batch = _to_device(batch, c.device)
+    batch = to_device(batch, c.device)
     features = c.val_features.for_batch(batch)
     return c.spec.compute_loss(model, features, batch, cfg.draft)
 
 
 def train(cfg: RunConfig) -> TrainResult:
     out = check_output_path(cfg.train.output_dir, "train.output_dir")
-    cfg = _with_resolved_paths(cfg, out)
+    cfg = with_resolved_paths(cfg, out)
     # Refused before anything is loaded or written when vLLM could not serve the result.
-    check_servable(get_draft(cfg.draft.algorithm), load_target_description(cfg.target.path))
+    description = load_target_description(cfg.target.path)
+    check_servable(get_draft(cfg.draft.algorithm), description)
+    check_draft_vocab_size(cfg, description.vocab_size)
     env = init_distributed(cfg.train.device, cfg.train.dist_timeout_s)
     # Rank 0 holds the run directory for the whole run: a second run on it is refused, and
     # nothing below (stale temporaries, metrics, checkpoints) is touched by two runs.
-    with _run_lock(out, env), Preemption(announce=env.is_main) as preemption:
+    with run_lock(out, env), Preemption(announce=env.is_main) as preemption:
         return _train(cfg, env, out, preemption)
 
 
-@contextmanager
-def _run_lock(out: Path, env: DistEnv) -> Iterator[None]:
-    if not env.is_main:
-        yield
-        return
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise UnsafePathError(f"train.output_dir {out}: cannot create it: {exc.strerror}") from None
-    with hold_lock(out / ".train-draft.lock", f"run directory {out}"):
-        yield
-
-
-def _with_resolved_paths(cfg: RunConfig, out: Path) -> RunConfig:
-    """Local paths made absolute, so the config a checkpoint stores (and export-draft
-    reads) means the same files from any working directory."""
-
-    def resolved(path: Path | None) -> Path | None:
-        return path.resolve() if path is not None and path.exists() else path
-
-    return cfg.model_copy(
-        update={
-            "target": cfg.target.model_copy(update={"path": resolved(cfg.target.path)}),
-            "data": cfg.data.model_copy(
-                update={
-                    "train": resolved(cfg.data.train),
-                    "val": resolved(cfg.data.val),
-                    "features": resolved(cfg.data.features),
-                }
-            ),
-            "train": cfg.train.model_copy(update={"output_dir": out}),
-        }
-    )
-
-
 def _train(cfg: RunConfig, env: DistEnv, out: Path, preemption: Preemption) -> TrainResult:
-    resumed = _resume_point(cfg, out, env)
+    resumed = resume_point(cfg, out, env)
     if env.is_main:
         out.mkdir(parents=True, exist_ok=True)
         dump_config(cfg, out / "config.yaml")
@@ -202,14 +129,14 @@ def _train(cfg: RunConfig, env: DistEnv, out: Path, preemption: Preemption) -> T
     scheduler = build_lr_scheduler(optimizer, cfg.optim, cfg.train.max_steps)
     state = TrainerState(step=0, loader=loader.state, world_size=env.world_size)
     if resumed is not None:
-        state = _restore(resumed, model, optimizer, scheduler, loader, env)
+        state = restore(resumed, model, optimizer, scheduler, loader, env)
     else:
         torch.manual_seed(cfg.train.seed + env.rank)  # per-rank sampling streams
     guard = PrecisionGuard(enabled=cfg.optim.fp32_master_weights)
     metric_log = (
         MetricLog(out, cfg.train.tensorboard, after_step=state.step) if env.is_main else None
     )
-    val_batches = _validation_batches(cfg, pad_id)
+    val_batches = validation_batches(cfg, pad_id)
     probe = AcceptanceProbe(cfg, out)
     probe.best = state.best_acceptance if state.best_acceptance is not None else probe.best
     params = [p for p in c.draft.parameters() if p.requires_grad]
@@ -334,7 +261,7 @@ def _accumulate(model: nn.Module, c: Components, loader: BatchLoader, cfg: RunCo
     metrics, tokens, finite = WeightedMean(), 0, True
     accum = cfg.train.grad_accum
     for micro in range(accum):
-        batch = _to_device(loader.next(), c.device)
+        batch = to_device(loader.next(), c.device)
         features = c.features.for_batch(batch)
         parts = loss_parts(c.spec, model, features, batch, cfg.draft)
         for i, part in enumerate(parts):
@@ -445,104 +372,6 @@ def _probe(
         _save(
             Path(cfg.train.output_dir) / "best", model, c, optimizer, scheduler, cfg, state, env, 1
         )
-
-
-def _resume_point(cfg: RunConfig, out: Path, env: DistEnv) -> Resumed | None:
-    """Rank 0 picks the checkpoint (or none) and verifies it; every rank then reads it."""
-    chosen: str | None = None
-    if env.is_main:
-        root = out / "checkpoints"
-        for stale in root.glob(".step-*") if root.is_dir() else []:
-            shutil.rmtree(stale, ignore_errors=True)  # left by a writer that was killed
-        if cfg.train.resume == "auto":
-            found = find_resumable(root)
-            chosen = str(found) if found else None
-            if found is None:
-                log.info("resume auto: no checkpoint under %s, starting fresh", root)
-        elif cfg.train.resume is not None:
-            problems = checkpoint_problems(Path(cfg.train.resume))
-            if problems:
-                raise CheckpointError(
-                    f"cannot resume from {cfg.train.resume}:\n  " + "\n  ".join(problems)
-                )
-            chosen = cfg.train.resume
-        elif any(root.glob("step-*")) if root.is_dir() else False:
-            raise CheckpointError(
-                f"{root} already holds checkpoints: pass --resume auto (train.resume=auto) "
-                "to continue that run, or choose another train.output_dir"
-            )
-    chosen = gather_objects(chosen, env)[0]
-    if chosen is None:
-        return None
-    resumed = load_for_resume(Path(chosen))
-    if resumed.config.draft != cfg.draft:
-        raise CheckpointError(
-            f"{chosen}: the draft section differs from this run's config "
-            f"(checkpoint {resumed.config.draft!r}, now {cfg.draft!r})"
-        )
-    log.info("resuming from %s (step %d)", chosen, resumed.state.step)
-    return resumed
-
-
-def _restore(
-    resumed: Resumed, model: nn.Module, optimizer, scheduler, loader: BatchLoader, env: DistEnv
-) -> TrainerState:
-    load_full_state(model, optimizer, resumed.draft, resumed.optimizer)
-    scheduler.load_state_dict(resumed.scheduler)
-    state = resumed.state
-    loader.state = replace(state.loader)
-    if state.world_size == env.world_size:
-        restore_rng_state(resumed.rng_states[env.rank])
-    else:
-        log.warning(
-            "resuming %d rank(s) from a %d-rank checkpoint: the data position is "
-            "kept, but RNG streams are re-seeded, so the run is not bit-exact",
-            env.world_size,
-            state.world_size,
-        )
-        torch.manual_seed(resumed.config.train.seed + env.rank + state.step)
-    return replace(state, loader=loader.state, world_size=env.world_size, files={})
-
-
-def _draft_vocab(
-    cfg: RunConfig, data: PreparedData, vocab_size: int, env: DistEnv
-) -> VocabMapping | None:
-    """The draft vocabulary: prepare-data's, or counted here over all ranks' shards."""
-    size = cfg.data.draft_vocab_size
-    if size is None:
-        return data.vocab
-    counter = TokenCounter(vocab_size)
-    shard = data.rows.shard(num_shards=env.world_size, index=env.rank, contiguous=False)
-    for ids, mask in zip(shard["input_ids"], shard["loss_mask"], strict=True):
-        counter.add(ids, mask)
-    counts = all_reduce_sum(counter.result(), env)
-    log.info(
-        "draft vocabulary: top %d of %d target ids over %d supervised tokens",
-        size,
-        vocab_size,
-        int(counts.sum()),
-    )
-    return build_vocab_mapping(counts, size)
-
-
-def _validation_batches(cfg: RunConfig, pad_id: int) -> list[Batch]:
-    if cfg.data.val is None:
-        return []
-    val = PreparedData(cfg.data.val)
-    loader = BatchLoader(
-        val, cfg.data.micro_batch_size, cfg.data.seed, pad_id, cfg.data.max_length, shuffle=False
-    )
-    return loader.epoch_batches()[: cfg.train.val_batches]
-
-
-def _to_device(batch: Batch, device: torch.device) -> Batch:
-    return Batch(
-        input_ids=batch.input_ids.to(device),
-        loss_mask=batch.loss_mask.to(device),
-        attention_mask=batch.attention_mask.to(device),
-        lengths=batch.lengths.to(device),
-        rows=batch.rows,
-    )
 
 
 def _clip(params: list[nn.Parameter], max_norm: float | None) -> float:

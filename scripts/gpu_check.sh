@@ -115,7 +115,8 @@ ddp() {
   if [ "$DRY" = 1 ]; then n=2; extra=(--set train.device=cpu); fi
   PYTHON="$PY" NPROC=$n bash scripts/launch.sh -c configs/train/eagle3-llama-demo.yaml \
     --set target.path="$TARGET" --set data.train="$OUT/data" --set data.val=null \
-    --set draft.aux_layer_ids="$TRAIN_AUX" --set data.max_length="$MAXLEN" \
+    --set draft.aux_layer_ids="$TRAIN_AUX" --set draft.draft_vocab_size=null \
+    --set data.max_length="$MAXLEN" \
     --set data.micro_batch_size="$BATCH" \
     --set train.max_steps=$((TRAIN_STEPS < 20 ? TRAIN_STEPS : 20)) --set train.log_every=1 \
     --set train.output_dir="$OUT/ddp" "${extra[@]}" --resume auto
@@ -126,8 +127,7 @@ regeneration() {
   "$PY" -m eagle_train.cli prepare-data -c configs/data/demo.yaml \
     --set "inputs=[$OUT/world/data/train.jsonl]" --set limit="$CHATS" --set tokenizer="$TARGET" \
     --set output_dir="$OUT/data" --set max_length="$MAXLEN" --set regenerate.backend=vllm \
-    --set regenerate.max_new_tokens="$GEN_TOKENS" --set regenerate.resume=false \
-    --set vocab.draft_vocab_size=null $KV || return 1
+    --set regenerate.max_new_tokens="$GEN_TOKENS" --set regenerate.resume=false $KV || return 1
   "$PY" - "$OUT/data.regenerated.jsonl" "$TARGET" $((SECONDS - start)) <<'EOF'
 import json, sys
 from transformers import AutoTokenizer
@@ -147,6 +147,7 @@ acceptance() {
   "$PY" -m eagle_train.cli train-draft -c configs/train/eagle3-llama-demo.yaml \
     --set target.path="$TARGET" --set data.train="$OUT/data" --set data.val=null \
     --set draft.aux_layer_ids="$TRAIN_AUX" --set draft.ttt_steps=3 --set data.max_length="$MAXLEN" \
+    --set draft.draft_vocab_size=null \
     --set data.micro_batch_size="$BATCH" \
     --set train.max_steps="$TRAIN_STEPS" --set train.save_every="$TRAIN_STEPS" \
     --set train.output_dir="$OUT/eagle3" --resume auto || return 1

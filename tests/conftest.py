@@ -10,6 +10,9 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 TINY_WORLD_CONFIG = REPO / "configs" / "demo" / "tiny.yaml"
+# The tests' draft vocabulary on the tiny world (half its 512-token target vocabulary; the
+# demo train configs' 1024 is half the default world's 2048).
+TINY_DRAFT_VOCAB = 256
 
 # vLLM on CPU: in-process engine, no hub, caches out of the home directory.
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
@@ -74,10 +77,18 @@ def prepare_tiny_data(
         "regenerate.backend=auto",
         f"regenerate.max_new_tokens={max_new_tokens}",
         "regenerate.kv_cache_memory_bytes=67108864",
-        "vocab.draft_vocab_size=256",
     ]
     prepare_data(load_config(PrepareDataConfig, None, overrides))
     return out
+
+
+def draft_vocab_sets(algorithm: str) -> list[str]:
+    """The run-config override of the tiny world's draft vocabulary, for a draft that has one."""
+    from eagle_train.drafts.registry import get_draft
+
+    if not get_draft(algorithm).uses_draft_vocab:
+        return []
+    return [f"draft.draft_vocab_size={TINY_DRAFT_VOCAB}"]
 
 
 @pytest.fixture(scope="session")

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import draft_vocab_sets
 
 from eagle_train.checkpoint import (
     CheckpointError,
@@ -33,6 +34,7 @@ def run_config(world: Path, data: Path, out: Path, *extra: str) -> RunConfig:
         "data.micro_batch_size=2",
         "data.max_length=48",
         "draft.ttt_steps=1",
+        *draft_vocab_sets("eagle3"),
         "train.max_steps=6",
         "train.save_every=2",
         "train.keep_last=3",

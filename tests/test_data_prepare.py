@@ -21,7 +21,7 @@ from eagle_train.data import (
     PrepareDataConfig,
     PreparedDataError,
     load_prepared,
-    load_vocab_mapping,
+    load_token_counts,
     prepare_data,
     read_meta,
 )
@@ -71,7 +71,7 @@ def leftovers(parent):
 
 
 def test_prepare_round_trip(tmp_path, tokenizer_dir, tokenizer):
-    cfg = make_cfg(tmp_path, tokenizer_dir, vocab={"draft_vocab_size": 32})
+    cfg = make_cfg(tmp_path, tokenizer_dir)
     report = prepare_data(cfg)
     assert (report.num_records, report.num_examples, report.num_skipped, report.num_failed) == (
         3,
@@ -100,19 +100,19 @@ def test_prepare_round_trip(tmp_path, tokenizer_dir, tokenizer):
     assert meta["counts"]["examples"] == 3 and meta["counts"]["records"] == 3
     assert meta["sources"] == [str(cfg.inputs[0].resolve())]
     assert meta["regeneration"] is None
-    assert meta["vocab"] == {
-        "file": "vocab.safetensors",
-        "draft_vocab_size": 32,
-        "target_vocab_size": len(tokenizer),
-    }
-    # Vocab counts equal an independent count of the masked tokens.
-    mapping = load_vocab_mapping(report.vocab_path)
+    # The counts equal an independent count of the masked tokens, over the whole vocabulary.
+    counts = load_token_counts(report.counts_path)
     expected_counts = torch.zeros(len(tokenizer), dtype=torch.int64)
     for row in ds:
         for token, m in zip(row["input_ids"], row["loss_mask"], strict=True):
             expected_counts[token] += m
-    assert torch.equal(mapping.counts, expected_counts)
-    assert len(mapping.d2t) == 32 and int(mapping.t2d.sum()) == 32
+    assert torch.equal(counts, expected_counts)
+    assert meta["token_counts"] == {
+        "file": "token_counts.safetensors",
+        "target_vocab_size": len(tokenizer),
+        "supervised_tokens": int(expected_counts.sum()),
+    }
+    assert meta["files"]["token_counts.safetensors"] == report.counts_path.stat().st_size
     assert leftovers(tmp_path) == []
     assert "prepared 3 examples from 3 records" in report.summary()
 
@@ -126,7 +126,6 @@ def test_template_override_and_target_vocab_from_model_config(tmp_path, tokenize
         tmp_path,
         tokenizer_dir,
         chat_template=template,
-        vocab={"draft_vocab_size": 16},
         regenerate={"model": tmp_path / "model"},  # not enabled: only read for the target's V
     )
     report = prepare_data(cfg)
@@ -136,8 +135,8 @@ def test_template_override_and_target_vocab_from_model_config(tmp_path, tokenize
     )  # one bos, from the template
     meta = read_meta(cfg.output_dir)
     assert meta["chat_template"]["source"] == str(template.resolve())
-    assert meta["vocab"]["target_vocab_size"] == 640
-    assert load_vocab_mapping(report.vocab_path).t2d.shape == (640,)
+    assert meta["token_counts"]["target_vocab_size"] == 640
+    assert load_token_counts(report.counts_path).shape == (640,)
 
 
 def test_truncation_and_prompt_only_skip(tmp_path, tokenizer_dir):
@@ -236,13 +235,7 @@ def test_config_mistakes_fail_before_any_work(tmp_path, tokenizer_dir, monkeypat
 
     monkeypatch.setattr(prepare_module, "run_regeneration", no_work)
     monkeypatch.setattr(prepare_module, "RecordReader", no_work)
-    cfg = make_cfg(
-        tmp_path, tokenizer_dir, vocab={"draft_vocab_size": 501}, regenerate={"enabled": True}
-    )
-    with pytest.raises(
-        DataError, match="draft_vocab_size 501 is larger than the target vocabulary \\(500\\)"
-    ):
-        prepare_data(cfg)
+    cfg = make_cfg(tmp_path, tokenizer_dir, regenerate={"enabled": True})
     cfg.vocab.target_vocab_size = 400
     with pytest.raises(
         DataError, match="the tokenizer has 500 tokens but the target vocabulary is 400"
@@ -269,18 +262,26 @@ def test_load_prepared_validates(tmp_path, tokenizer_dir):
     meta_path.write_text(json.dumps({**meta, "vocab": {"file": "vocab.safetensors"}}))
     with pytest.raises(PreparedDataError, match="vocab.safetensors, which is missing"):
         load_prepared(cfg.output_dir)
+    counts = cfg.output_dir / "token_counts.safetensors"
+    meta_path.write_text(json.dumps(meta))
+    counts.write_bytes(counts.read_bytes()[:-8])  # cut short: named by its recorded size
+    with pytest.raises(PreparedDataError, match="token_counts.safetensors: .* bytes, meta.json"):
+        load_prepared(cfg.output_dir)
+    counts.unlink()
+    with pytest.raises(PreparedDataError, match="token_counts.safetensors: missing"):
+        load_prepared(cfg.output_dir)
 
 
 def test_config_from_yaml_with_overrides(tmp_path):
     path = tmp_path / "prepare.yaml"
     path.write_text(
         "inputs: [a.jsonl, b.parquet]\noutput_dir: out\ntokenizer: tok\n"
-        "regenerate:\n  enabled: true\n  temperature: 0.7\nvocab:\n  draft_vocab_size: 32000\n"
+        "regenerate:\n  enabled: true\n  temperature: 0.7\nvocab:\n  target_vocab_size: 32000\n"
     )
     cfg = load_config(PrepareDataConfig, path, ["max_length=4096", "regenerate.backend=vllm"])
     assert cfg.max_length == 4096 and cfg.regenerate.backend == "vllm"
     assert cfg.regenerate.temperature == 0.7 and cfg.regenerate.model is None
-    assert cfg.vocab.draft_vocab_size == 32000 and cfg.on_bad_record == "error"
+    assert cfg.vocab.target_vocab_size == 32000 and cfg.on_bad_record == "error"
     with pytest.raises(ConfigError, match="unknown key 'regenerate.temprature'"):
         load_config(PrepareDataConfig, path, ["regenerate.temprature=1"])
     with pytest.raises(ConfigError, match="on_bad_record"):

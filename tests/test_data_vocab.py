@@ -1,16 +1,34 @@
-"""Draft vocabulary mapping: top-Vd by count, ties to the lower id, ascending, offsets."""
+"""Draft vocabulary mapping: top-Vd by count, ties to the lower id, ascending, offsets; and the
+mapping the trainer builds from the counts prepare-data writes (draft.draft_vocab_size)."""
 
 from __future__ import annotations
 
+import collections
+import json
+from pathlib import Path
+
 import pytest
 import torch
+from data_fixtures import build_tokenizer, chat, write_jsonl
 
+from eagle_train.config import ConfigError, load_config
 from eagle_train.data import (
+    PrepareDataConfig,
+    PreparedDataError,
     TokenCounter,
     build_vocab_mapping,
+    load_prepared,
+    load_token_counts,
     load_vocab_mapping,
+    prepare_data,
+    save_token_counts,
     save_vocab_mapping,
 )
+from eagle_train.data.loader import PreparedData
+from eagle_train.run_config import RunConfig
+from eagle_train.train_setup import draft_vocab
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 def test_known_counts():
@@ -71,3 +89,90 @@ def test_save_and_load(tmp_path):
     assert torch.equal(loaded.d2t, mapping.d2t)
     assert torch.equal(loaded.t2d, mapping.t2d)
     assert torch.equal(loaded.counts, mapping.counts)
+
+
+def _prepared(tmp_path: Path) -> tuple[Path, int]:
+    """prepare-data on three chats with the test BPE tokenizer (V = len(tokenizer) = 500)."""
+    tok = tmp_path / "tok"
+    build_tokenizer(tok)
+    chats = [
+        {"messages": chat("Sort 3 1 2", "1 2 3")},
+        {"messages": chat("Hello there", "Hi! Hi! How can I help?")},
+        {"messages": chat("What is the sun?", "A star. A big star.", system="Be brief.")},
+    ]
+    out = tmp_path / "data"
+    prepare_data(
+        PrepareDataConfig(
+            inputs=[write_jsonl(tmp_path / "in.jsonl", chats)], output_dir=out, tokenizer=tok
+        )
+    )
+    return out, 500
+
+
+def _reference_ids(data: Path, vocab_size: int, size: int) -> list[int]:
+    """By hand: count the supervised tokens of the rows, take the ``size`` most frequent
+    (ties: lower id), ascending."""
+    counts = collections.Counter()
+    for row in load_prepared(data):
+        counts.update(t for t, m in zip(row["input_ids"], row["loss_mask"], strict=True) if m)
+    ranked = sorted(range(vocab_size), key=lambda t: (-counts[t], t))
+    return sorted(ranked[:size])
+
+
+def _run_config(data: Path, *sets: str) -> RunConfig:
+    path = REPO / "configs" / "train" / "eagle3-llama-demo.yaml"
+    return load_config(RunConfig, path, ["target.path=t", f"data.train={data}", *sets])
+
+
+def test_the_trainer_builds_the_configured_mapping_from_prepare_datas_counts(tmp_path):
+    data, vocab_size = _prepared(tmp_path)
+    for size in (7, 20):
+        cfg = _run_config(data, f"draft.draft_vocab_size={size}")
+        mapping = draft_vocab(cfg, PreparedData(data), vocab_size)
+        assert mapping.draft_ids.tolist() == _reference_ids(data, vocab_size, size)
+        assert int(mapping.t2d.sum()) == size
+    nothing = _run_config(data, "draft.draft_vocab_size=null")
+    assert draft_vocab(nothing, PreparedData(data), vocab_size) is None  # the whole vocabulary
+    with pytest.raises(ConfigError, match="draft.draft_vocab_size 501 is larger than the target"):
+        draft_vocab(_run_config(data, "draft.draft_vocab_size=501"), PreparedData(data), 500)
+
+
+def test_the_trainer_reads_the_counts_instead_of_recounting(tmp_path):
+    data, vocab_size = _prepared(tmp_path)
+    # Counts that disagree with the rows (the highest ids most frequent): the mapping follows
+    # the file, so the trainer did not count the rows again.
+    save_token_counts(torch.arange(vocab_size), data / "token_counts.safetensors")
+    meta = json.loads((data / "meta.json").read_text())
+    meta["files"]["token_counts.safetensors"] = (data / "token_counts.safetensors").stat().st_size
+    (data / "meta.json").write_text(json.dumps(meta))
+    cfg = _run_config(data, "draft.draft_vocab_size=4")
+    assert draft_vocab(cfg, PreparedData(data), vocab_size).draft_ids.tolist() == [
+        496,
+        497,
+        498,
+        499,
+    ]
+    with pytest.raises(PreparedDataError, match="token counts over 500 ids, but the target vo"):
+        draft_vocab(cfg, PreparedData(data), 640)
+
+
+def test_older_datasets_without_the_counts_still_train(tmp_path):
+    data, vocab_size = _prepared(tmp_path)
+    expected = _reference_ids(data, vocab_size, 9)
+    cfg = _run_config(data, "draft.draft_vocab_size=9")
+    counts = load_token_counts(data / "token_counts.safetensors")
+    meta = json.loads((data / "meta.json").read_text())
+    del meta["files"]["token_counts.safetensors"], meta["token_counts"]
+    # A dataset from before the counts, with the draft vocabulary of another size that
+    # prepare-data used to build: the trainer builds the configured size from its counts.
+    (data / "token_counts.safetensors").unlink()
+    save_vocab_mapping(build_vocab_mapping(counts, 3), data / "vocab.safetensors")
+    meta["files"]["vocab.safetensors"] = (data / "vocab.safetensors").stat().st_size
+    (data / "meta.json").write_text(json.dumps(meta))
+    assert draft_vocab(cfg, PreparedData(data), vocab_size).draft_ids.tolist() == expected
+    # Neither file: the trainer counts the rows itself.
+    (data / "vocab.safetensors").unlink()
+    del meta["files"]["vocab.safetensors"]
+    (data / "meta.json").write_text(json.dumps(meta))
+    assert PreparedData(data).token_counts is None
+    assert draft_vocab(cfg, PreparedData(data), vocab_size).draft_ids.tolist() == expected

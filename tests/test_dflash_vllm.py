@@ -3,10 +3,12 @@
 Per target family, with the shipped 1-layer demo config (blocks of 8, served with
 num_speculative_tokens = 7 read from the export): greedy output with the drafter equals the
 target alone (fp32 target); the trained drafter's acceptance length, read from vLLM's
-counters, is clearly above a random-init drafter of the same shape; and the project's
-offline estimate (``spec.propose``: one block anchored at each next token) agrees with vLLM,
-also for a two-layer draft (context injected into every layer, residual stream across
-layers), built from the trained one with both layers' k_norm equal: vLLM's CPU kernel
+counters, keeps 90% of the one measured on the unmutated code (MEASURED;
+vllm_e2e.FLOOR_FRACTION: a 15% loss fails, the margin is 10% of the AL, 0.26 and 0.21 here,
+over one argmax flip of a block, <= ~0.15) - random-init drafters serve at 1.00-1.01; and the
+project's offline estimate (``spec.propose``: one block anchored at each next token) agrees
+with vLLM, also for a two-layer draft (context injected into every layer, residual stream
+across layers), built from the trained one with both layers' k_norm equal: vLLM's CPU kernel
 normalises every layer's context keys with layer 0's k_norm (export/README.md).
 Tolerance 0.1: same fp32 weights, same cycles; they differ only where vLLM's CPU kernels and
 torch flip a near-tie argmax, one flip moves a cycle by at most 7 tokens (~0.15 of AL over
@@ -20,7 +22,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from vllm_e2e import held_out_prompts, serve, train_and_export
+from vllm_e2e import assert_above_floor, held_out_prompts, serve, train_and_export
 
 from eagle_train.checkpoint import load_draft_checkpoint
 from eagle_train.drafts.registry import get_draft
@@ -30,6 +32,9 @@ from eagle_train.target import FrozenTarget
 
 pytestmark = pytest.mark.vllm
 BLOCK = 8  # configs/train/dflash-*-demo.yaml
+# vLLM AL of the trained drafter per family, measured 2026-11-30 on 2 CPU cores (this file
+# run once, unmutated; random-init drafters: 1.000 llama, 1.014 qwen3).
+MEASURED = {"llama": 2.550, "qwen3": 2.108}
 
 
 @pytest.fixture(scope="module", params=["llama", "qwen3"])
@@ -57,7 +62,7 @@ def test_served_in_vllm_lossless_and_accepting(trained: dict, tiny_world: Path) 
     with_random, al_random = serve(fp32_target, prompts, trained["random"])
     assert with_draft == baseline  # speculative decoding is lossless under greedy
     assert with_random == baseline
-    assert al_trained >= al_random + 0.5, (al_trained, al_random)
+    assert_above_floor(f"dflash-{family}", al_trained, al_random, MEASURED[family])
 
     cfg, state, _ = load_draft_checkpoint(trained["checkpoint"])
     spec = get_draft(cfg.draft.algorithm)

@@ -60,7 +60,7 @@ def train_args(
     # bitwise resume also proves every rank's RNG state is restored.
     sets.append("draft.ttt_steps=2" if algorithm == "eagle3" else "draft.num_anchors=16")
     if algorithm == "eagle3":  # DFlash predicts the target's whole vocabulary
-        sets.append(f"data.draft_vocab_size={VOCAB}")
+        sets.append(f"draft.draft_vocab_size={VOCAB}")
     args = ["-c", str(REPO / "configs" / "train" / f"{algorithm}-llama-demo.yaml")]
     for s in sets:
         args += ["--set", s]

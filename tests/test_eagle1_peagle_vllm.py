@@ -2,7 +2,9 @@
 serve, for each demo target family.
 
 Greedy output with the drafter equals the target alone (fp32 target); the trained drafter's
-acceptance length (vLLM's counters) is clearly above a random-init drafter of the same shape;
+acceptance length (vLLM's counters) keeps 90% of the one measured on the unmutated code
+(MEASURED; vllm_e2e.FLOOR_FRACTION: a 15% loss fails, the margin is 10% of the AL, 0.16-0.19
+here, over two argmax flips) - random-init drafters of the same shape serve at 1.00-1.03;
 and the project's offline estimate (``spec.propose``) agrees with vLLM, which checks that the
 trained model computes what vLLM computes (the EAGLE-1 chain, P-EAGLE's parallel depths).
 The EAGLE-1 draft is Llama-style next to the Qwen3 target too (vLLM has no other).
@@ -14,17 +16,26 @@ from pathlib import Path
 
 import pytest
 import torch
-from vllm_e2e import held_out_prompts, serve, train_and_export
+from vllm_e2e import assert_above_floor, held_out_prompts, serve, train_and_export
 
 from eagle_train.checkpoint import load_draft_checkpoint
 from eagle_train.data.loader import PreparedData
 from eagle_train.drafts.registry import get_draft
 from eagle_train.evaluate.offline import estimate_acceptance
 from eagle_train.target import FrozenTarget
+from eagle_train.train_setup import draft_vocab
 
 pytestmark = pytest.mark.vllm
 K, STEPS = 3, 100
 CASES = [("eagle1", "llama"), ("eagle1", "qwen3"), ("peagle", "llama"), ("peagle", "qwen3")]
+# vLLM AL of the trained drafter per case, measured 2026-11-30 on 2 CPU cores (this file run
+# once, unmutated; random-init drafters: 1.000, 1.000, 1.032, 1.000).
+MEASURED = {
+    ("eagle1", "llama"): 1.700,
+    ("eagle1", "qwen3"): 1.925,
+    ("peagle", "llama"): 1.705,
+    ("peagle", "qwen3"): 1.583,
+}
 
 
 @pytest.fixture(scope="module")
@@ -60,12 +71,14 @@ def test_served_in_vllm_lossless_and_accepting(trained: dict, baseline, tiny_wor
     with_random, al_random = serve(fp32_target, prompts, trained["random"], K)
     assert with_draft == alone  # speculative decoding is lossless under greedy
     assert with_random == alone
-    assert al_trained >= al_random + 0.4, (al_trained, al_random)
+    algo = cfg.draft.algorithm
+    assert_above_floor(f"{algo}-{family}", al_trained, al_random, MEASURED[algo, family])
 
     _, state, _ = load_draft_checkpoint(trained["checkpoint"])
     spec = get_draft(cfg.draft.algorithm)
     target = FrozenTarget.from_pretrained(fp32_target, dtype=torch.float32)
-    draft = spec.build(cfg.draft, target, PreparedData(cfg.data.train).vocab)
+    vocab = draft_vocab(cfg, PreparedData(cfg.data.train), target.description.vocab_size)
+    draft = spec.build(cfg.draft, target, vocab)
     draft.load_state_dict(state)  # the bf16 weights vLLM serves, upcast like vLLM does
     offline = estimate_acceptance(spec, draft.eval(), cfg.draft, target, prompts, alone, K)
     print(

@@ -1,9 +1,11 @@
 """EAGLE-3 end to end in real vLLM: prepare (regenerated) -> train -> export -> serve.
 
 Per target family: greedy output with the drafter equals the target alone (fp32 target);
-the trained drafter's acceptance length, read from vLLM's counters, is clearly above a
-random-init drafter of the same shape; and the project's offline estimate on the same
-prompts agrees with vLLM. Tolerance 0.05: both run the same fp32 weights and the replay
+the trained drafter's acceptance length, read from vLLM's counters, keeps 90% of the one
+measured on the unmutated code (MEASURED; vllm_e2e.FLOOR_FRACTION: a 15% loss fails, the
+margin is 10% of the AL, 0.20 and 0.22 here, over two argmax flips) - a random-init drafter of
+the same shape serves at ~1.03; and the project's offline estimate on the same prompts
+agrees with vLLM. Tolerance 0.05: both run the same fp32 weights and the replay
 follows vLLM's cycles exactly (it matched per prompt when written), so they can differ only
 where vLLM's CPU kernels and torch's flip a near-tie argmax; one flip moves one of the ~40
 cycles here by at most K=3 accepted tokens, i.e. AL by <= 0.075, and is rare.
@@ -15,16 +17,20 @@ from pathlib import Path
 
 import pytest
 import torch
-from vllm_e2e import held_out_prompts, serve, train_and_export
+from vllm_e2e import assert_above_floor, held_out_prompts, serve, train_and_export
 
 from eagle_train.checkpoint import load_draft_checkpoint
 from eagle_train.data.loader import PreparedData
 from eagle_train.drafts.registry import get_draft
 from eagle_train.evaluate.offline import estimate_acceptance
 from eagle_train.target import FrozenTarget
+from eagle_train.train_setup import draft_vocab
 
 pytestmark = pytest.mark.vllm
 K = 3
+# vLLM AL of the trained drafter per family, measured 2026-11-30 on 2 CPU cores (this file
+# run once, unmutated; random-init drafters: 1.043 llama, 1.014 qwen3).
+MEASURED = {"llama": 2.020, "qwen3": 2.171}
 
 
 @pytest.fixture(scope="module", params=["llama", "qwen3"])
@@ -53,12 +59,13 @@ def test_served_in_vllm_lossless_and_accepting(trained: dict, tiny_world: Path) 
     with_random, al_random = serve(fp32_target, prompts, trained["random"], K)
     assert with_draft == baseline  # speculative decoding is lossless under greedy
     assert with_random == baseline
-    assert al_trained >= al_random + 0.4, (al_trained, al_random)
+    assert_above_floor(f"eagle3-{family}", al_trained, al_random, MEASURED[family])
 
     cfg, state, _ = load_draft_checkpoint(trained["checkpoint"])
     spec = get_draft(cfg.draft.algorithm)
     target = FrozenTarget.from_pretrained(fp32_target, dtype=torch.float32)
-    draft = spec.build(cfg.draft, target, PreparedData(cfg.data.train).vocab)
+    vocab = draft_vocab(cfg, PreparedData(cfg.data.train), target.description.vocab_size)
+    draft = spec.build(cfg.draft, target, vocab)
     draft.load_state_dict(state)  # the bf16 weights vLLM serves, upcast like vLLM does
     offline = estimate_acceptance(spec, draft, cfg.draft, target, prompts, baseline, K)
     print(

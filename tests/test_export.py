@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import draft_vocab_sets
 from safetensors.torch import load_file
 from transformers import LlamaForCausalLM, Qwen3ForCausalLM
 from typer.testing import CliRunner
@@ -107,6 +108,7 @@ def test_export_from_checkpoint_cli(tiny_world: Path, tiny_llama_data: Path, tmp
         "train.max_steps=2",
         "train.progress=false",
         "train.tensorboard=false",
+        *draft_vocab_sets("eagle3"),
     ]
     cfg = load_config(RunConfig, REPO / "configs" / "train" / "eagle3-llama-demo.yaml", overrides)
     ckpt = train(cfg).last_checkpoint

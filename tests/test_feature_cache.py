@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import draft_vocab_sets
 from typer.testing import CliRunner
 
 from eagle_train.cli import prepare_features_app, train_draft_app
@@ -51,6 +52,7 @@ def run_sets(
         "train.progress=false",
         "train.tensorboard=false",
         "optim.warmup_steps=2",
+        *draft_vocab_sets(algo),
     ]
     if features is not None:
         sets.append(f"data.features={features}")

@@ -34,9 +34,14 @@ ALLOWED: dict[str, set[str]] = {
     # which target a run loads and where its features come from (online or a cache)
     "features": {"data", "drafts", "parallel", "run_config", "target"},
     "acceptance_probe": {"evaluate", "export", "run_config"},  # vLLM AL during training
+    # what the loop is set up with: run lock, resume point, components, draft vocabulary
+    "train_setup": {
+        *("checkpoint", "config", "data", "drafts", "features", "fsutil", "optim"),
+        *("parallel", "run_config", "target"),
+    },
     "train": {
-        *("acceptance_probe", "checkpoint", "config", "data", "drafts", "features", "fsutil"),
-        *("metrics", "optim", "parallel", "preemption", "run_config", "target"),
+        *("acceptance_probe", "checkpoint", "config", "data", "drafts", "fsutil", "metrics"),
+        *("optim", "parallel", "preemption", "run_config", "target", "train_setup"),
     },
     "cli": {
         *("checkpoint", "config", "data", "demo", "drafts", "engine", "evaluate"),

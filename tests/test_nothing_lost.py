@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import draft_vocab_sets
 from typer.testing import CliRunner
 
 from eagle_train.checkpoint import checkpoint_problems, load_for_resume
@@ -36,6 +37,7 @@ def run_sets(target: Path | str, data: Path | str, out: Path | str, *extra: str)
         "data.micro_batch_size=2",
         "data.max_length=48",
         "draft.ttt_steps=1",
+        *draft_vocab_sets("eagle3"),
         "train.max_steps=4",
         "train.save_every=2",
         "train.progress=false",
@@ -231,7 +233,7 @@ def damaged_data(source: Path, tmp_path: Path, name: str) -> Path:
     return victim
 
 
-@pytest.mark.parametrize("name", ["*.arrow", "vocab.safetensors"])
+@pytest.mark.parametrize("name", ["*.arrow", "token_counts.safetensors"])
 def test_a_truncated_prepared_dataset_is_named(
     tiny_world: Path, tiny_llama_data: Path, tmp_path: Path, name: str
 ):

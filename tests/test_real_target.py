@@ -37,6 +37,7 @@ from eagle_train.export import export_draft
 from eagle_train.run_config import RunConfig
 from eagle_train.target import FrozenTarget
 from eagle_train.train import train
+from eagle_train.train_setup import draft_vocab
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 REPO = Path(__file__).resolve().parents[1]
@@ -109,7 +110,6 @@ def test_trained_drafter_served_lossless_and_estimated_exactly(
                 "regenerate.dtype=float32",
                 "regenerate.max_new_tokens=32",
                 "regenerate.batch_size=16",
-                "vocab.draft_vocab_size=2048",
             ],
         )
     )
@@ -120,6 +120,7 @@ def test_trained_drafter_served_lossless_and_estimated_exactly(
             f"target.path={smollm2 / 'bf16'}",
             f"data.train={data}",
             "data.max_length=256",
+            "draft.draft_vocab_size=2048",
             "train.max_steps=30",
             "train.save_every=30",
             f"train.output_dir={tmp_path / 'run'}",
@@ -148,7 +149,8 @@ def test_trained_drafter_served_lossless_and_estimated_exactly(
     saved, state, _ = load_draft_checkpoint(checkpoint)
     spec = get_draft(saved.draft.algorithm)
     target = FrozenTarget.from_pretrained(fp32, dtype=torch.float32)
-    draft = spec.build(saved.draft, target, PreparedData(saved.data.train).vocab)
+    vocab = draft_vocab(saved, PreparedData(saved.data.train), target.description.vocab_size)
+    draft = spec.build(saved.draft, target, vocab)
     draft.load_state_dict(state)
     offline = estimate_acceptance(spec, draft, saved.draft, target, prompts, baseline, K)
     print(f"SmolLM2 smoke: vLLM AL {al_vllm:.3f}, offline {offline.acceptance_length:.3f}")

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import REPO
+from conftest import REPO, draft_vocab_sets
 from safetensors.torch import load_file
 
 import eagle_train.train as loop
@@ -43,6 +43,7 @@ def config(world: Path, data: Path, out: Path, algorithm: str, *extra: str) -> R
         "train.tensorboard=false",
         "optim.warmup_steps=2",
         f"train.output_dir={out}",
+        *draft_vocab_sets(algorithm),
         *extra,
     ]
     path = REPO / "configs" / "train" / f"{algorithm}-llama-demo.yaml"

@@ -1,5 +1,5 @@
 """One schema per setting: the KV-cache default, the acceptance settings shared by
-eval-acceptance and train.acceptance, and the draft-vocabulary knob a draft must honour."""
+eval-acceptance and train.acceptance, and the draft-vocabulary size (the draft's own knob)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,10 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 from typer.testing import CliRunner
 
+from eagle_train.checkpoint import stored_config
 from eagle_train.cli import app
 from eagle_train.config import ConfigError, load_config
 from eagle_train.engine import VllmEngine, resolve_kv_cache_bytes
@@ -48,11 +50,33 @@ def test_train_acceptance_is_the_eval_schema_nested() -> None:
 @pytest.mark.parametrize("algorithm", ["eagle1", "dflash"])
 def test_a_draft_without_a_draft_vocabulary_refuses_the_knob(algorithm: str) -> None:
     path = REPO / "configs" / "train" / f"{algorithm}-llama-demo.yaml"
-    sets = ["target.path=t", "data.train=d", "data.draft_vocab_size=64"]
-    with pytest.raises(ConfigError, match="data.draft_vocab_size is set, but the"):
+    sets = ["target.path=t", "data.train=d", "draft.draft_vocab_size=64"]
+    with pytest.raises(
+        ConfigError, match=f"draft.draft_vocab_size is set, but the {algorithm} draft has no"
+    ):
         load_config(RunConfig, path, sets)
+    for draft in ("eagle3", "peagle"):
+        path = REPO / "configs" / "train" / f"{draft}-llama-demo.yaml"
+        assert load_config(RunConfig, path, sets).draft.draft_vocab_size == 64
+        assert load_config(RunConfig, path, sets[:2]).draft.draft_vocab_size == 1024
+
+
+def test_the_old_draft_vocabulary_keys_say_where_the_knob_moved(tmp_path: Path) -> None:
     eagle3 = REPO / "configs" / "train" / "eagle3-llama-demo.yaml"
-    assert load_config(RunConfig, eagle3, sets).data.draft_vocab_size == 64
+    with pytest.raises(ConfigError, match="data.draft_vocab_size moved to draft.draft_vocab_size"):
+        load_config(RunConfig, eagle3, ["target.path=t", "data.train=d", "data.draft_vocab_size=8"])
+    # prepare-data: the CLI's one line (exit 2), naming the file and line of the old key.
+    old = tmp_path / "prepare.yaml"
+    old.write_text(
+        "inputs: [a.jsonl]\noutput_dir: out\ntokenizer: tok\nvocab:\n  draft_vocab_size: 64\n"
+    )
+    result = CliRunner().invoke(app, ["prepare-data", "-c", str(old)])
+    assert result.exit_code == 2, result.output
+    assert (
+        f"{old}:4: key 'vocab': Value error, vocab.draft_vocab_size moved to the train-draft "
+        "run config as draft.draft_vocab_size" in result.output
+    )
+    assert "Traceback" not in result.output and not (tmp_path / "out").exists()
 
 
 def test_eval_acceptance_takes_config_and_set(tmp_path: Path) -> None:
@@ -61,3 +85,16 @@ def test_eval_acceptance_takes_config_and_set(tmp_path: Path) -> None:
     result = CliRunner().invoke(app, ["eval-acceptance", "-c", str(cfg), "--set", "turns=3"])
     assert result.exit_code == 2
     assert "turns" in result.output and "Traceback" not in result.output
+
+
+def test_a_checkpoint_written_before_the_move_still_reads(tmp_path: Path) -> None:
+    """Older checkpoints' config.yaml holds data.draft_vocab_size (dump_config writes null
+    when unset): export-draft and resume read it, the size now the draft's."""
+    eagle3 = REPO / "configs" / "train" / "eagle3-llama-demo.yaml"
+    old = yaml.safe_load(eagle3.read_text())
+    old["target"]["path"], old["data"]["train"] = "t", "d"
+    del old["draft"]["draft_vocab_size"]
+    for size in (None, 64):
+        old["data"]["draft_vocab_size"] = size
+        (tmp_path / "config.yaml").write_text(yaml.safe_dump(old))
+        assert stored_config(tmp_path).draft.draft_vocab_size == size

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import draft_vocab_sets
 from safetensors.torch import load_file
 from target_families import EXPECTED, FAMILIES, build_family_target
 
@@ -75,6 +76,7 @@ def test_family_trains_exports_and_serves(
             f"train.output_dir={tmp_path / 'run'}",
             "train.progress=false",
             "train.tensorboard=false",
+            *draft_vocab_sets("eagle3"),
         ],
     )
     checkpoint = train(cfg).last_checkpoint

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import draft_vocab_sets
 from safetensors.torch import load_file
 from typer.testing import CliRunner
 
@@ -36,6 +37,7 @@ def overrides(world: Path, data: Path, out: Path, steps: int = 12) -> list[str]:
         "train.keep_last=1",
         "train.progress=false",
         "optim.warmup_steps=2",
+        *draft_vocab_sets("eagle3"),
     ]
 
 
@@ -211,6 +213,7 @@ def test_loop_backpropagates_each_segment_of_a_partitioned_draft(
             "train.tensorboard=false",
             "draft.mask_token_id=3",
             f"draft.num_segments={segments}",
+            *draft_vocab_sets("peagle"),
             f"train.output_dir={tmp_path / str(segments)}",
         ]
         cfg = load_config(RunConfig, REPO / "configs" / "train" / "peagle-llama-demo.yaml", sets)

@@ -17,7 +17,9 @@ from eagle_train.data.vocab import (
     TokenCounter,
     VocabMapping,
     build_vocab_mapping,
+    load_token_counts,
     load_vocab_mapping,
+    save_token_counts,
     save_vocab_mapping,
 )
 
@@ -38,10 +40,12 @@ __all__ = [
     "VocabMapping",
     "build_vocab_mapping",
     "load_prepared",
+    "load_token_counts",
     "load_vocab_mapping",
     "mask_from_offsets",
     "parse_record",
     "prepare_data",
     "read_meta",
+    "save_token_counts",
     "save_vocab_mapping",
 ]

@@ -44,11 +44,23 @@ class RegenerateConfig(StrictModel):
 
 
 class VocabConfig(StrictModel):
-    """Draft vocabulary mapping (EAGLE-3); none is built when draft_vocab_size is None."""
+    """The supervised-token counts every prepared dataset carries (the trainer builds a
+    draft vocabulary of the draft's configured size from them)."""
 
-    draft_vocab_size: int | None = Field(default=None, gt=0)
-    # Target vocab size V (length of t2d); None -> the model's config.json, else len(tokenizer).
+    # Target vocab size V (length of the counts); None -> the model's config.json, else
+    # len(tokenizer).
     target_vocab_size: int | None = Field(default=None, gt=0)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _size_moved(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "draft_vocab_size" in data:
+            raise ValueError(
+                "vocab.draft_vocab_size moved to the train-draft run config as "
+                "draft.draft_vocab_size (prepare-data now always writes the token counts the "
+                "trainer builds the draft vocabulary from): remove it here"
+            )
+        return data
 
 
 class HubDataset(StrictModel):

@@ -17,7 +17,7 @@ from torch import Tensor
 
 from eagle_train.data.errors import DataError
 from eagle_train.data.store import PreparedDataError, load_prepared, read_meta
-from eagle_train.data.vocab import VOCAB_FILE, VocabMapping, load_vocab_mapping
+from eagle_train.data.vocab import COUNTS_FILE, VOCAB_FILE, load_token_counts, load_vocab_mapping
 
 
 @dataclass
@@ -36,22 +36,31 @@ class Batch:
 
 
 class PreparedData:
-    """A prepared dataset directory: rows, meta and (if built) the draft vocabulary."""
+    """A prepared dataset directory: rows, meta and the supervised-token counts."""
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
         self.rows = load_prepared(self.path)
         self.meta = read_meta(self.path)
-        vocab_file = self.path / VOCAB_FILE
-        try:
-            self.vocab: VocabMapping | None = (
-                load_vocab_mapping(vocab_file) if vocab_file.is_file() else None
-            )
-        except Exception as exc:  # safetensors' error for a cut or corrupt file
-            raise PreparedDataError(f"{vocab_file}: unreadable ({exc})") from None
+        self.token_counts = _token_counts(self.path)
 
     def __len__(self) -> int:
         return len(self.rows)
+
+
+def _token_counts(path: Path) -> Tensor | None:
+    """The int64 [V] supervised-token counts prepare-data wrote; from an older dataset, the
+    counts its draft vocabulary was built from; None when it has neither."""
+    for name, load in ((COUNTS_FILE, load_token_counts), (VOCAB_FILE, load_vocab_mapping)):
+        file = path / name
+        if not file.is_file():
+            continue
+        try:
+            found = load(file)
+        except Exception as exc:  # safetensors' error for a cut or corrupt file
+            raise PreparedDataError(f"{file}: unreadable ({exc})") from None
+        return found if isinstance(found, Tensor) else found.counts
+    return None
 
 
 @dataclass

@@ -40,12 +40,7 @@ from eagle_train.data.store import (
     write_meta,
 )
 from eagle_train.data.synthesize import SynthesisReport, synthesize_prompts
-from eagle_train.data.vocab import (
-    VOCAB_FILE,
-    TokenCounter,
-    build_vocab_mapping,
-    save_vocab_mapping,
-)
+from eagle_train.data.vocab import COUNTS_FILE, TokenCounter, save_token_counts
 
 logger = logging.getLogger(__name__)
 
@@ -65,7 +60,7 @@ class PrepareReport:
     num_truncated: int = 0
     regeneration: RegenerationReport | None = None
     synthesis: SynthesisReport | None = None
-    vocab_path: Path | None = None
+    counts_path: Path | None = None
 
     @property
     def num_skipped(self) -> int:
@@ -88,8 +83,8 @@ class PrepareReport:
             lines.append(f"  {self.synthesis.summary()}")
         if self.regeneration is not None:
             lines.append(f"  {self.regeneration.summary()}")
-        if self.vocab_path is not None:
-            lines.append(f"  draft vocabulary -> {self.vocab_path}")
+        if self.counts_path is not None:
+            lines.append(f"  supervised-token counts -> {self.counts_path}")
         return "\n".join(lines)
 
 
@@ -103,8 +98,8 @@ def prepare_data(cfg: PrepareDataConfig) -> PrepareReport:
 
     tokenizer = AutoTokenizer.from_pretrained(str(cfg.tokenizer))
     renderer = ChatRenderer(tokenizer, _read_template(cfg.chat_template), cfg.chat_template_kwargs)
-    draft_size = cfg.vocab.draft_vocab_size
-    counter = TokenCounter(_checked_vocab_size(cfg, tokenizer)) if draft_size else None
+    # The trainer builds the draft vocabulary (of the draft's configured size) from these.
+    counter = TokenCounter(_checked_vocab_size(cfg, tokenizer))
     policy = BadRecordPolicy(cfg.on_bad_record)
     inputs: list[Path | HubDataset] = [*cfg.inputs, *cfg.datasets]
     report = PrepareReport(output_dir=cfg.output_dir)
@@ -138,17 +133,15 @@ def prepare_data(cfg: PrepareDataConfig) -> PrepareReport:
                 reason="empty",
             )
         writer.finish()
-        vocab_meta = None
-        if counter is not None and draft_size:
-            mapping = build_vocab_mapping(counter.result(), draft_size)
-            save_vocab_mapping(mapping, tmp / VOCAB_FILE)
-            vocab_meta = {
-                "file": VOCAB_FILE,
-                "draft_vocab_size": draft_size,
-                "target_vocab_size": len(mapping.t2d),
-            }
-        write_meta(tmp, _meta(cfg, renderer, report, regen_meta, vocab_meta))
-    report.vocab_path = cfg.output_dir / VOCAB_FILE if vocab_meta else None
+        counts = counter.result()
+        save_token_counts(counts, tmp / COUNTS_FILE)
+        counts_meta = {
+            "file": COUNTS_FILE,
+            "target_vocab_size": len(counts),
+            "supervised_tokens": int(counts.sum()),
+        }
+        write_meta(tmp, _meta(cfg, renderer, report, regen_meta, counts_meta))
+    report.counts_path = cfg.output_dir / COUNTS_FILE
     logger.info("prepared %d examples -> %s", report.num_examples, cfg.output_dir)
     return report
 
@@ -166,7 +159,7 @@ def _write_examples(
     renderer: ChatRenderer,
     max_length: int,
     writer: ExampleWriter,
-    counter: TokenCounter | None,
+    counter: TokenCounter,
     policy: BadRecordPolicy,
     report: PrepareReport,
 ) -> None:
@@ -195,8 +188,7 @@ def _write_examples(
             report.num_tokens += len(chat.input_ids)
             report.num_assistant_tokens += chat.num_assistant_tokens
             report.num_truncated += int(chat.truncated)
-            if counter is not None:
-                counter.add(chat.input_ids, chat.loss_mask)
+            counter.add(chat.input_ids, chat.loss_mask)
 
 
 def regeneration_plan(cfg: PrepareDataConfig, renderer: ChatRenderer) -> RegenerationPlan:
@@ -308,17 +300,11 @@ def _checked_vocab_size(cfg: PrepareDataConfig, tokenizer: Any) -> int:
             f"the tokenizer has {len(tokenizer)} tokens but the target vocabulary is {vocab_size}",
             reason="config",
         )
-    if (cfg.vocab.draft_vocab_size or 0) > vocab_size:
-        raise DataError(
-            f"vocab.draft_vocab_size {cfg.vocab.draft_vocab_size} is larger than the target "
-            f"vocabulary ({vocab_size})",
-            reason="config",
-        )
     return vocab_size
 
 
 def resolve_target_vocab_size(cfg: PrepareDataConfig, tokenizer: Any) -> int:
-    """V for ``t2d``: configured, else the model's ``vocab_size``, else ``len(tokenizer)``."""
+    """V, the length of the counts: configured, else the model's ``vocab_size``, else ``len(tokenizer)``."""
     if cfg.vocab.target_vocab_size is not None:
         return cfg.vocab.target_vocab_size
     for path in (cfg.regenerate.model, cfg.tokenizer):
@@ -335,7 +321,7 @@ def _meta(
     renderer: ChatRenderer,
     report: PrepareReport,
     regen_meta: dict[str, Any] | None,
-    vocab_meta: dict[str, Any] | None,
+    counts_meta: dict[str, Any],
 ) -> dict[str, Any]:
     import transformers
 
@@ -378,7 +364,7 @@ def _meta(
             "truncated": report.num_truncated,
         },
         "regeneration": regen_meta,
-        "vocab": vocab_meta,
+        "token_counts": counts_meta,
         "versions": {
             "eagle_train": getattr(eagle_train, "__version__", "unknown"),
             "transformers": transformers.__version__,

@@ -3,7 +3,10 @@
 Layout of a prepared directory (``datasets.load_from_disk`` reads it directly):
 - the ``save_to_disk`` files, columns ``input_ids`` (int32 list), ``loss_mask`` (int8 list), ``id``;
 - ``meta.json``: how it was made (tokenizer, template hash, max_length, counts, sources, ...);
-- ``vocab.safetensors`` (optional): the draft vocabulary mapping (``d2t``, ``t2d``, ``counts``).
+- ``token_counts.safetensors``: the supervised (assistant) token counts over the whole target
+  vocabulary (``counts``, int64 [V]); the trainer builds the draft vocabulary from them.
+  Datasets from before it was added may instead hold ``vocab.safetensors`` (a mapping of a
+  fixed size whose ``counts`` are the same vector), still read for its counts.
 
 Everything is written to a hidden sibling directory that is renamed into place at the end, so a
 run that fails midway leaves no half-written output behind.
@@ -209,8 +212,9 @@ def load_prepared(path: str | Path) -> datasets.Dataset:
     expected = meta["counts"].get("rows", meta["counts"].get("examples"))
     if expected != dataset.num_rows:
         raise PreparedDataError(f"{path}: {dataset.num_rows} rows but meta.json says {expected}")
-    if meta.get("vocab") and not (Path(path) / meta["vocab"]["file"]).is_file():
-        raise PreparedDataError(
-            f"{path}: meta.json names {meta['vocab']['file']}, which is missing"
-        )
+    for key in ("token_counts", "vocab"):  # "vocab": a dataset prepared before the counts
+        if meta.get(key) and not (Path(path) / meta[key]["file"]).is_file():
+            raise PreparedDataError(
+                f"{path}: meta.json names {meta[key]['file']}, which is missing"
+            )
     return dataset

@@ -1,7 +1,9 @@
 """Draft vocabulary: the Vd most frequent assistant tokens and the draft<->target id maps.
 
-Counting is separate from building the map so that a distributed trainer can all-reduce the
-per-rank ``counts`` tensor first and then call ``build_vocab_mapping`` on every rank.
+Counting is separate from building the map: prepare-data writes the supervised-token counts
+over the whole target vocabulary (``token_counts.safetensors``), and the trainer builds the
+mapping of the draft's configured size from them (or all-reduces the per-rank counts of a
+dataset that has none, then calls ``build_vocab_mapping`` on every rank).
 """
 
 from __future__ import annotations
@@ -12,7 +14,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-VOCAB_FILE = "vocab.safetensors"  # the mapping's file name in a dataset and a checkpoint
+VOCAB_FILE = "vocab.safetensors"  # the mapping's file name in a checkpoint (and older datasets)
+COUNTS_FILE = "token_counts.safetensors"  # a prepared dataset's supervised-token counts
 
 
 @dataclass(frozen=True)
@@ -100,3 +103,16 @@ def load_vocab_mapping(path: str | Path) -> VocabMapping:
     if int(mapping.t2d.sum()) != len(mapping.d2t) or not bool(mapping.t2d[mapping.draft_ids].all()):
         raise ValueError(f"{path}: d2t and t2d disagree")
     return mapping
+
+
+def save_token_counts(counts: torch.Tensor, path: str | Path) -> None:
+    save_file({"counts": counts.to(torch.int64).contiguous()}, str(path))
+
+
+def load_token_counts(path: str | Path) -> torch.Tensor:
+    """The int64 ``[V]`` supervised-token counts of a prepared dataset."""
+    tensors = load_file(str(path))
+    counts = tensors.get("counts")
+    if counts is None or counts.dtype != torch.int64 or counts.dim() != 1:
+        raise ValueError(f"{path}: expected one int64 [V] tensor 'counts'")
+    return counts

@@ -19,6 +19,10 @@ class Eagle3Config(StrictModel):
     step_decay: float = Field(default=0.8, gt=0, le=1)
     # Decoder layer style: llama (no q/k norm) or qwen3 (q_norm/k_norm); auto = the target's.
     layer_style: Literal["auto", "llama", "qwen3"] = "auto"
+    # The draft's own vocabulary: this many of the most frequent supervised tokens of the
+    # training data (ties: lower id), built by the trainer from the counts prepare-data wrote.
+    # None: the target's whole vocabulary.
+    draft_vocab_size: int | None = Field(default=None, ge=1)
     # Drop from the loss the positions whose target argmax is outside the draft vocabulary
     # (the draft can never propose that token there; SafeAILab's and SpecForge's EAGLE-3 do
     # this). Metrics still count them. Default chosen by measurement: see README.md.

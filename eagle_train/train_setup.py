@@ -1,0 +1,227 @@
+"""What the training loop (train.py) is set up with: the run directory's lock and resolved
+paths, the checkpoint to resume from, the components (target, feature sources, draft and its
+draft vocabulary), and the validation batches. Rank-aware where ranks must agree."""
+
+from __future__ import annotations
+
+import logging
+import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from eagle_train.checkpoint import (
+    CheckpointError,
+    Resumed,
+    TrainerState,
+    checkpoint_problems,
+    find_resumable,
+    load_for_resume,
+    restore_rng_state,
+)
+from eagle_train.config import ConfigError
+from eagle_train.data.loader import Batch, BatchLoader, PreparedData
+from eagle_train.data.store import PreparedDataError
+from eagle_train.data.vocab import TokenCounter, VocabMapping, build_vocab_mapping
+from eagle_train.drafts.base import DraftSpec
+from eagle_train.drafts.registry import get_draft
+from eagle_train.features import feature_sources, load_target
+from eagle_train.fsutil import UnsafePathError, hold_lock
+from eagle_train.optim import resolve_storage_dtype
+from eagle_train.parallel import DistEnv, all_reduce_sum, gather_objects, load_full_state
+from eagle_train.run_config import RunConfig
+from eagle_train.target import FrozenTarget
+from eagle_train.target.source import FeatureSource
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Components:
+    target: FrozenTarget  # whole, FSDP2-sharded, or its head alone (features from a cache)
+    features: FeatureSource  # training batches' target features (online or cached)
+    val_features: FeatureSource
+    spec: DraftSpec
+    draft: nn.Module  # the bare module (checkpoints, validation); the loop trains its DDP wrap
+    layer_ids: list[int]
+    vocab: VocabMapping | None
+    device: torch.device
+
+
+def build_components(
+    cfg: RunConfig, data: PreparedData, env: DistEnv, vocab: VocabMapping | None = None
+) -> Components:
+    target = load_target(cfg, env)
+    spec = get_draft(cfg.draft.algorithm)
+    layer_ids = spec.target_layer_ids(cfg.draft, target.description)
+    features, val_features = feature_sources(cfg, target, layer_ids, env)
+    if spec.uses_draft_vocab:
+        vocab = vocab or draft_vocab(cfg, data, target.description.vocab_size, env)
+    draft = spec.build(cfg.draft, target, vocab)
+    draft = draft.to(device=env.device, dtype=resolve_storage_dtype(target.dtype, cfg.optim))
+    return Components(
+        target=target,
+        features=features,
+        val_features=val_features,
+        spec=spec,
+        draft=draft,
+        layer_ids=layer_ids,
+        vocab=vocab,
+        device=env.device,
+    )
+
+
+@contextmanager
+def run_lock(out: Path, env: DistEnv) -> Iterator[None]:
+    if not env.is_main:
+        yield
+        return
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UnsafePathError(f"train.output_dir {out}: cannot create it: {exc.strerror}") from None
+    with hold_lock(out / ".train-draft.lock", f"run directory {out}"):
+        yield
+
+
+def with_resolved_paths(cfg: RunConfig, out: Path) -> RunConfig:
+    """Local paths made absolute, so the config a checkpoint stores (and export-draft
+    reads) means the same files from any working directory."""
+
+    def resolved(path: Path | None) -> Path | None:
+        return path.resolve() if path is not None and path.exists() else path
+
+    return cfg.model_copy(
+        update={
+            "target": cfg.target.model_copy(update={"path": resolved(cfg.target.path)}),
+            "data": cfg.data.model_copy(
+                update={
+                    "train": resolved(cfg.data.train),
+                    "val": resolved(cfg.data.val),
+                    "features": resolved(cfg.data.features),
+                }
+            ),
+            "train": cfg.train.model_copy(update={"output_dir": out}),
+        }
+    )
+
+
+def resume_point(cfg: RunConfig, out: Path, env: DistEnv) -> Resumed | None:
+    """Rank 0 picks the checkpoint (or none) and verifies it; every rank then reads it."""
+    chosen: str | None = None
+    if env.is_main:
+        root = out / "checkpoints"
+        for stale in root.glob(".step-*") if root.is_dir() else []:
+            shutil.rmtree(stale, ignore_errors=True)  # left by a writer that was killed
+        if cfg.train.resume == "auto":
+            found = find_resumable(root)
+            chosen = str(found) if found else None
+            if found is None:
+                log.info("resume auto: no checkpoint under %s, starting fresh", root)
+        elif cfg.train.resume is not None:
+            problems = checkpoint_problems(Path(cfg.train.resume))
+            if problems:
+                raise CheckpointError(
+                    f"cannot resume from {cfg.train.resume}:\n  " + "\n  ".join(problems)
+                )
+            chosen = cfg.train.resume
+        elif any(root.glob("step-*")) if root.is_dir() else False:
+            raise CheckpointError(
+                f"{root} already holds checkpoints: pass --resume auto (train.resume=auto) "
+                "to continue that run, or choose another train.output_dir"
+            )
+    chosen = gather_objects(chosen, env)[0]
+    if chosen is None:
+        return None
+    resumed = load_for_resume(Path(chosen))
+    if resumed.config.draft != cfg.draft:
+        raise CheckpointError(
+            f"{chosen}: the draft section differs from this run's config "
+            f"(checkpoint {resumed.config.draft!r}, now {cfg.draft!r})"
+        )
+    log.info("resuming from %s (step %d)", chosen, resumed.state.step)
+    return resumed
+
+
+def restore(
+    resumed: Resumed, model: nn.Module, optimizer, scheduler, loader: BatchLoader, env: DistEnv
+) -> TrainerState:
+    load_full_state(model, optimizer, resumed.draft, resumed.optimizer)
+    scheduler.load_state_dict(resumed.scheduler)
+    state = resumed.state
+    loader.state = replace(state.loader)
+    if state.world_size == env.world_size:
+        restore_rng_state(resumed.rng_states[env.rank])
+    else:
+        log.warning(
+            "resuming %d rank(s) from a %d-rank checkpoint: the data position is "
+            "kept, but RNG streams are re-seeded, so the run is not bit-exact",
+            env.world_size,
+            state.world_size,
+        )
+        torch.manual_seed(resumed.config.train.seed + env.rank + state.step)
+    return replace(state, loader=loader.state, world_size=env.world_size, files={})
+
+
+def check_draft_vocab_size(cfg: RunConfig, vocab_size: int) -> None:
+    """Refuse a draft vocabulary larger than the target's, before anything is loaded."""
+    size = getattr(cfg.draft, "draft_vocab_size", None)
+    if size is not None and size > vocab_size:
+        raise ConfigError(
+            f"draft.draft_vocab_size {size} is larger than the target vocabulary ({vocab_size})"
+        )
+
+
+def draft_vocab(
+    cfg: RunConfig, data: PreparedData, vocab_size: int, env: DistEnv | None = None
+) -> VocabMapping | None:
+    """The mapping of ``draft.draft_vocab_size`` (None: the whole target vocabulary) from the
+    counts prepare-data wrote; a dataset without them is counted here over all ranks' shards."""
+    size = getattr(cfg.draft, "draft_vocab_size", None)
+    if size is None:
+        return None
+    check_draft_vocab_size(cfg, vocab_size)
+    counts = data.token_counts
+    if counts is not None and len(counts) != vocab_size:
+        raise PreparedDataError(
+            f"{data.path}: token counts over {len(counts)} ids, but the target vocabulary is "
+            f"{vocab_size}: prepare the data with this target's tokenizer"
+        )
+    if counts is None:
+        env = env or DistEnv()
+        counter = TokenCounter(vocab_size)
+        shard = data.rows.shard(num_shards=env.world_size, index=env.rank, contiguous=False)
+        for ids, mask in zip(shard["input_ids"], shard["loss_mask"], strict=True):
+            counter.add(ids, mask)
+        counts = all_reduce_sum(counter.result(), env)
+    log.info(
+        "draft vocabulary: top %d of %d target ids over %d supervised tokens",
+        size,
+        vocab_size,
+        int(counts.sum()),
+    )
+    return build_vocab_mapping(counts, size)
+
+
+def validation_batches(cfg: RunConfig, pad_id: int) -> list[Batch]:
+    if cfg.data.val is None:
+        return []
+    val = PreparedData(cfg.data.val)
+    loader = BatchLoader(
+        val, cfg.data.micro_batch_size, cfg.data.seed, pad_id, cfg.data.max_length, shuffle=False
+    )
+    return loader.epoch_batches()[: cfg.train.val_batches]
+
+
+def to_device(batch: Batch, device: torch.device) -> Batch:
+    return Batch(
+        input_ids=batch.input_ids.to(device),
+        loss_mask=batch.loss_mask.to(device),
+        attention_mask=batch.attention_mask.to(device),
+        lengths=batch.lengths.to(device),
+        rows=batch.rows,
+    )
