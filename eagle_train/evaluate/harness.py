@@ -90,14 +90,16 @@ def _one_after_another(
     """``interleave=False``: the target alone once, then each drafter on the same requests
     (one engine alive at a time; speed ratios are not interleaved, so not reported)."""
     settings = run.settings
-    with _open(settings, None, 1) as target:
+    # Each engine in a fresh process all the same: vLLM does not survive building many
+    # engines in one process (the sixth failed in its kernel registry on CPU).
+    with _open(settings, None, 1, separate=True) as target:
         _warm_up(target, first[0])
         answers = target.measure(first, settings)
         _record(run.records, "target", first, answers)
         second = _second_turn(tokenizer, prompts, answers, settings)
         _record(run.records, "target", second, target.measure(second, settings))
     for info in run.drafters:
-        with _open(settings, info, 1) as drafter:
+        with _open(settings, info, 1, separate=True) as drafter:
             _warm_up(drafter, first[0])
             for requests in (first, second):
                 _record(run.records, str(info.path), requests, drafter.measure(requests, settings))
@@ -190,8 +192,11 @@ def _open_engine(kwargs: dict[str, Any]) -> VllmEngine:
     return VllmEngine(**kwargs).open()
 
 
-def _open(settings: EvalSettings, drafter: DrafterInfo | None, alive: int) -> EngineProcess:
-    """An engine process; on CUDA the ``alive`` engines sharing the GPU split its memory."""
+def _open(
+    settings: EvalSettings, drafter: DrafterInfo | None, alive: int, separate: bool = False
+) -> EngineProcess:
+    """An engine, in its own process when ``alive`` > 1 or ``separate``; on CUDA the
+    ``alive`` engines sharing the GPU split its memory."""
     share = settings.gpu_memory_utilization
     if share is None and alive > 1 and cuda_available():
         share = 0.9 / alive
@@ -204,7 +209,7 @@ def _open(settings: EvalSettings, drafter: DrafterInfo | None, alive: int) -> En
             speculative_config=drafter.speculative_config() if drafter else None,
             gpu_memory_utilization=share,
         ),
-        separate=alive > 1,
+        separate=alive > 1 or separate,
     )
 
 
