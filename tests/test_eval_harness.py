@@ -16,13 +16,20 @@ pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 K = 3
 
 
+def _target(root):
+    """The identity target with a chat template that joins the turns by spaces (words are
+    tokens)."""
+    target = build_identity_target(root / "target")
+    tok = AutoTokenizer.from_pretrained(target)
+    tok.chat_template = "{% for m in messages %}{{ m['content'] }} {% endfor %}"
+    tok.save_pretrained(target)
+    return target
+
+
 @pytest.fixture(scope="module")
 def evaluated(tmp_path_factory: pytest.TempPathFactory) -> dict:
     root = tmp_path_factory.mktemp("harness")
-    target = build_identity_target(root / "target")
-    tok = AutoTokenizer.from_pretrained(target)  # words are tokens; turns joined by spaces
-    tok.chat_template = "{% for m in messages %}{{ m['content'] }} {% endfor %}"
-    tok.save_pretrained(target)
+    target = _target(root)
     prompts = root / "prompts.jsonl"
     rows = [
         {"id": "a", "category": "walk", "turns": ["t5 t17 t40", "t9"]},
@@ -113,10 +120,7 @@ def test_report_files_and_paired_statistics(evaluated: dict) -> None:
 def test_acceptance_only_serves_the_target_once(tmp_path) -> None:
     """interleave=False: the target alone once (both turns), then the drafter on the same
     requests; the same acceptance as the interleaved run, no rounds."""
-    target = build_identity_target(tmp_path / "target")
-    tok = AutoTokenizer.from_pretrained(target)
-    tok.chat_template = "{% for m in messages %}{{ m['content'] }} {% endfor %}"
-    tok.save_pretrained(target)
+    target = _target(tmp_path)
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text(json.dumps({"id": "a", "turns": ["t5 t17 t40", "t9"]}) + "\n")
     perfect = build_perfect_eagle3(target, tmp_path / "perfect", K)
