@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import fnmatch
+import glob
 import os
 import shutil
 import socket
@@ -119,13 +121,24 @@ def remove_stale_temporaries(final: Path) -> list[Path]:
     was killed. Only call this while holding the lock that every writer of ``final`` holds,
     so no live writer's directory is among them."""
     final = Path(final)
-    if not final.parent.is_dir():
+    return remove_stale_temporaries_in(final.parent, glob.escape(final.name))
+
+
+def remove_stale_temporaries_in(parent: Path, pattern: str) -> list[Path]:
+    """Remove what killed ``atomic_directory`` writers left in ``parent`` for every final
+    directory whose name matches ``pattern`` (fnmatch, e.g. ``step-*``); nothing else, however
+    it is named. Same lock rule as ``remove_stale_temporaries``."""
+    parent = Path(parent)
+    if not parent.is_dir():
         return []
-    stale = [
-        p
-        for p in final.parent.glob(f".{final.name}.*")
-        if p.is_dir() and p.name[len(final.name) + 1 :].startswith((_TMP, _OLD))
-    ]
+    stale = []
+    for path in parent.iterdir():
+        for marker in (_TMP, _OLD):
+            base, found, _ = path.name.rpartition(marker)
+            if found and base.startswith(".") and fnmatch.fnmatchcase(base[1:], pattern):
+                if path.is_dir():
+                    stale.append(path)
+                break
     for path in stale:
         shutil.rmtree(path, ignore_errors=True)
     return stale

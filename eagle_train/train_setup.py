@@ -5,7 +5,6 @@ draft vocabulary), and the validation batches. Rank-aware where ranks must agree
 from __future__ import annotations
 
 import logging
-import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
@@ -30,7 +29,7 @@ from eagle_train.data.vocab import TokenCounter, VocabMapping, build_vocab_mappi
 from eagle_train.drafts.base import DraftSpec
 from eagle_train.drafts.registry import get_draft
 from eagle_train.features import feature_sources, load_target
-from eagle_train.fsutil import UnsafePathError, hold_lock
+from eagle_train.fsutil import UnsafePathError, hold_lock, remove_stale_temporaries_in
 from eagle_train.optim import resolve_storage_dtype
 from eagle_train.parallel import DistEnv, all_reduce_sum, gather_objects, load_full_state
 from eagle_train.run_config import RunConfig
@@ -115,8 +114,7 @@ def resume_point(cfg: RunConfig, out: Path, env: DistEnv) -> Resumed | None:
     chosen: str | None = None
     if env.is_main:
         root = out / "checkpoints"
-        for stale in root.glob(".step-*") if root.is_dir() else []:
-            shutil.rmtree(stale, ignore_errors=True)  # left by a writer that was killed
+        remove_stale_temporaries_in(root, "step-*")  # left by a save that was killed
         if cfg.train.resume == "auto":
             found = find_resumable(root)
             chosen = str(found) if found else None

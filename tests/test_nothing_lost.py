@@ -21,7 +21,13 @@ from eagle_train.checkpoint import checkpoint_problems, load_for_resume
 from eagle_train.cli import export_draft_app, train_draft_app
 from eagle_train.config import load_config
 from eagle_train.export import PROVENANCE_FILE
-from eagle_train.fsutil import UnsafePathError, atomic_directory, check_output_path
+from eagle_train.fsutil import (
+    UnsafePathError,
+    atomic_directory,
+    check_output_path,
+    remove_stale_temporaries,
+    remove_stale_temporaries_in,
+)
 from eagle_train.run_config import RunConfig
 from eagle_train.train import train
 
@@ -181,6 +187,20 @@ def test_atomic_directory_fsyncs_files_and_directories_before_the_rename(
     synced_before = {Path(p).name for kind, p in events[:renamed] if kind == "fsync"}
     assert {"a.bin", "b.bin", "sub", tmp.name} <= synced_before
     assert ("fsync", str(tmp_path)) in events[renamed:]  # the rename itself is made durable
+
+
+def test_only_a_killed_writers_temporaries_are_removed(tmp_path: Path):
+    """Before: resume removed every ``.step-*`` entry of checkpoints/, whatever it was."""
+    names = [".step-0000010.tmp-1a2b3c4d", ".step-0000020.old-5e6f7a8b", ".out[1].tmp-00000000"]
+    kept = [".step-notes", "step-0000010", ".stepx.tmp-1", ".export.tmp-9", "notes.tmp-1"]
+    for name in names + kept:
+        (tmp_path / name).mkdir()
+    (tmp_path / ".step-0000030.tmp-file").write_text("a file, not a writer's directory")
+    removed = remove_stale_temporaries_in(tmp_path, "step-*")
+    assert sorted(p.name for p in removed) == sorted(names[:2])
+    assert remove_stale_temporaries(tmp_path / "out[1]") == [tmp_path / names[2]]
+    left = sorted(p.name for p in tmp_path.iterdir())
+    assert left == sorted([*kept, ".step-0000030.tmp-file"])
 
 
 # --- 4. empty or root-like output paths ----------------------------------------------------

@@ -73,6 +73,8 @@ def test_a_second_run_is_refused_while_the_first_holds_the_directory(
         wait_for_step(first, out / "metrics.jsonl", 2)
         in_progress = out / "checkpoints" / ".step-0000099.tmp-live0000"  # a save under way
         in_progress.mkdir(parents=True)
+        users = out / "checkpoints" / ".step-notes"  # the user's, not a save's temporary
+        users.mkdir()
         second = launch([*args, "--resume", "auto"], 1, tmp_path / "p2")
         output, _ = second.communicate(timeout=300)
         holder = int((tmp_path / "p1" / "rank-0.pid").read_text())
@@ -96,6 +98,7 @@ def test_a_second_run_is_refused_while_the_first_holds_the_directory(
     sets = ["--resume", "auto", "--set", f"train.max_steps={resumed_to}"]
     finish(launch([*args, *sets], 1, tmp_path / "p3"))
     assert not in_progress.exists()  # its writer is dead: removed under the lock
+    assert users.is_dir()
     assert (out / "checkpoints" / f"step-{resumed_to:07d}").is_dir()
 
 
