@@ -52,7 +52,14 @@ def parse_arms(specs: list[str]) -> list[tuple[str, list[str]]]:
 
 
 def cli(code: Path, *args: str) -> None:
-    env = {**os.environ, "PYTHONPATH": str(code), "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+    # PYTHONSAFEPATH: `python -m` would put the working directory first on sys.path, so a
+    # run started in the repository would import its code, not the arm's checkout.
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(code),
+        "PYTHONSAFEPATH": "1",
+        "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+    }
     cmd = [sys.executable, "-m", "eagle_train.cli", *args]
     print("+", " ".join(cmd), f"(PYTHONPATH={code})", flush=True)
     subprocess.run(cmd, env=env, check=True)

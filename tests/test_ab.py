@@ -3,6 +3,9 @@ hand-computed values."""
 
 from __future__ import annotations
 
+import importlib.util
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -80,3 +83,23 @@ def test_markdown_shows_the_means_the_difference_is_of() -> None:
     # overall: means 1.5 and 2.05, difference +0.55, pooled 1 + 17/29 and 1 + 29/27
     assert "| **overall** | 4 | 1.500 | 2.050 | +0.550 |" in text
     assert text.rstrip().endswith("| 1.586 | 2.074 |")
+
+
+def test_an_arm_trains_with_its_own_checkout(tmp_path, monkeypatch) -> None:
+    """Before: ``python -m`` put the working directory (the repository) first on sys.path, so
+    the "before" arm of a code comparison silently trained with the current code."""
+    repo = Path(__file__).resolve().parents[1]
+    spec = importlib.util.spec_from_file_location(
+        "ab_experiment", repo / "scripts/ab_experiment.py"
+    )
+    ab = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ab)
+    checkout = tmp_path / "before"
+    (checkout / "eagle_train").mkdir(parents=True)
+    (checkout / "eagle_train" / "__init__.py").write_text("")
+    (checkout / "eagle_train" / "cli.py").write_text(
+        "import pathlib, sys\npathlib.Path(sys.argv[1]).write_text(__file__)\n"
+    )
+    monkeypatch.chdir(repo)  # where the experiments are run from
+    ab.cli(checkout, str(tmp_path / "ran"))
+    assert (tmp_path / "ran").read_text() == str(checkout / "eagle_train" / "cli.py")
