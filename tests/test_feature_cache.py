@@ -222,6 +222,21 @@ def test_prepare_features_needs_an_output(tiny_world, tiny_llama_data, tmp_path)
         prepare_features(cfg, ExtractSettings())
 
 
+def test_device_map_extraction_writes_the_same_cache(tiny_world, tiny_llama_data, cache, tmp_path):
+    """--device-map auto (accelerate places the layers; on this CPU machine all on the CPU)
+    goes through the dispatched model's own device and hooks: the bytes must not change."""
+    out = tmp_path / "mapped"
+    args = run_sets(tiny_world, tiny_llama_data, out, tmp_path / "unused", val=tiny_llama_data)
+    result = CliRunner().invoke(
+        prepare_features_app, [*args, "--shard-mib", "1", "--device-map", "auto"]
+    )
+    assert result.exit_code == 0, result.output
+    for split in ("train", "val"):
+        want = json.loads((cache / split / "manifest.json").read_text())["files"]
+        got = json.loads((out / split / "manifest.json").read_text())["files"]
+        assert [f["sha256"] for f in got] == [f["sha256"] for f in want]
+
+
 @pytest.mark.slow
 @pytest.mark.distributed
 def test_two_ranks_split_the_shards_and_write_the_same_cache(
