@@ -81,6 +81,7 @@ def train_point(args: argparse.Namespace, path: str, cache: Path, mode: str, k: 
     import torch
 
     from eagle_train.data.loader import Batch
+    from eagle_train.data.vocab import build_vocab_mapping
     from eagle_train.drafts.eagle3.config import Eagle3Config
     from eagle_train.drafts.registry import get_draft
     from eagle_train.optim import OptimConfig, create_optimizer
@@ -102,9 +103,13 @@ def train_point(args: argparse.Namespace, path: str, cache: Path, mode: str, k: 
         source = OnlineFeatures(target, layer_ids)
     else:
         source = CachedFeatures(FeatureCache(cache), target.lm_head(), layer_ids, device)
-    draft = spec.build(cfg, target, None).to(device=device, dtype=torch.bfloat16)
-    optimizer = create_optimizer(draft, OptimConfig(lr=1e-4))
     rows = torch.tensor(_rows(args, target.config.vocab_size))
+    vocab = None
+    if args.draft_vocab:  # the most frequent ids of the rows, as the trainer builds it
+        counts = torch.bincount(rows.flatten(), minlength=target.config.vocab_size)
+        vocab = build_vocab_mapping(counts, args.draft_vocab)
+    draft = spec.build(cfg, target, vocab).to(device=device, dtype=torch.bfloat16)
+    optimizer = create_optimizer(draft, OptimConfig(lr=1e-4))
     position = [0]
 
     def step() -> None:
@@ -158,6 +163,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=2)
     parser.add_argument("--batch-tokens", type=int, default=4096)
     parser.add_argument("--ks", type=int, nargs="+", default=[1, 3, 7])
+    parser.add_argument("--draft-vocab", type=int, help="draft vocabulary (default: target's)")
     parser.add_argument("--point", nargs=4, help=argparse.SUPPRESS)  # kind path cache K
     args = parser.parse_args()
     if args.point:
