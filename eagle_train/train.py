@@ -63,6 +63,7 @@ from eagle_train.train_setup import (
     run_lock,
     to_device,
     validation_batches,
+    with_data_defaults,
     with_resolved_paths,
 )
 
@@ -105,13 +106,14 @@ def train(cfg: RunConfig) -> TrainResult:
 
 
 def _train(cfg: RunConfig, env: DistEnv, out: Path, preemption: Preemption) -> TrainResult:
+    data = PreparedData(cfg.data.train)
+    cfg = with_data_defaults(cfg, data.meta)  # before config.yaml is written: it holds the choice
     resumed = resume_point(cfg, out, env)
     if env.is_main:
         out.mkdir(parents=True, exist_ok=True)
         dump_config(cfg, out / "config.yaml")
 
     torch.manual_seed(cfg.train.seed)  # the same initial draft on every rank
-    data = PreparedData(cfg.data.train)
     c = build_components(cfg, data, env, resumed.vocab if resumed else None)
     pad_id = c.target.description.pad_token_id or 0  # a multimodal config keeps it in text_config
     loader = BatchLoader(

@@ -126,6 +126,7 @@ def tiny_target(mask_in_vocab: bool = True) -> FrozenTarget:
 
 
 def build(target: FrozenTarget, **kw):
+    kw.setdefault("loss_target", "hard")
     cfg = DFlashConfig(
         target_layer_ids=[0, 1, 2], num_layers=2, block_size=4, mask_token_id=MASK, **kw
     )
@@ -269,6 +270,8 @@ def test_loss_alignment(loss_target: str) -> None:
     assert stats.correct[0, 0].tolist() == [
         bool(logits[0, 0, k - 1].argmax() == target_logits[0, 1 + k].argmax()) for k in (1, 2)
     ]
+    with pytest.raises(ValueError, match="draft.loss_target 'auto': expected hard or distill"):
+        dflash_loss(logits, lambda h: h, ids, target_logits, anchors, mask, weights, "auto")
 
 
 @pytest.mark.parametrize("loss_target", ["hard", "distill"])

@@ -1,5 +1,6 @@
 """One schema per setting: the KV-cache default, the acceptance settings shared by
-eval-acceptance and train.acceptance, and the draft-vocabulary size (the draft's own knob)."""
+eval-acceptance and train.acceptance, the draft-vocabulary size (the draft's own knob), and
+DFlash's loss target resolved from the training data."""
 
 from __future__ import annotations
 
@@ -11,11 +12,12 @@ import yaml
 from typer.testing import CliRunner
 
 from eagle_train.checkpoint import stored_config
-from eagle_train.cli import app
+from eagle_train.cli import app, train_draft_app
 from eagle_train.config import ConfigError, load_config
 from eagle_train.engine import VllmEngine, resolve_kv_cache_bytes
 from eagle_train.evaluate.settings import AcceptanceSettings, EvalSettings, TrainAcceptance
 from eagle_train.run_config import RunConfig
+from eagle_train.train_setup import with_data_defaults
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -98,3 +100,45 @@ def test_a_checkpoint_written_before_the_move_still_reads(tmp_path: Path) -> Non
         old["data"]["draft_vocab_size"] = size
         (tmp_path / "config.yaml").write_text(yaml.safe_dump(old))
         assert stored_config(tmp_path).draft.draft_vocab_size == size
+
+
+def test_dflash_loss_target_auto_follows_the_training_data(
+    tiny_world: Path, tiny_llama_data: Path, tmp_path: Path
+) -> None:
+    """auto: hard on answers the target regenerated, distill on the dataset's own answers
+    (measured both ways, README); an explicit choice is kept; other drafts are untouched."""
+    path = REPO / "configs" / "train" / "dflash-llama-demo.yaml"
+    cfg = load_config(RunConfig, path, ["target.path=t", "data.train=d"])
+    assert cfg.draft.loss_target == "auto"
+    regenerated = {"regeneration": {"settings": {"model": "t", "temperature": 0.0}}}
+    assert with_data_defaults(cfg, regenerated).draft.loss_target == "hard"
+    assert with_data_defaults(cfg, {"regeneration": None}).draft.loss_target == "distill"
+    hard = load_config(RunConfig, path, ["target.path=t", "data.train=d", "draft.loss_target=hard"])
+    assert with_data_defaults(hard, {"regeneration": None}).draft.loss_target == "hard"
+    eagle3 = load_config(
+        RunConfig,
+        REPO / "configs" / "train" / "eagle3-llama-demo.yaml",
+        ["target.path=t", "data.train=d"],
+    )
+    assert with_data_defaults(eagle3, {"regeneration": None}) == eagle3
+    # train-draft on the tiny world's original (not regenerated) answers saves its choice
+    out = tmp_path / "run"
+    sets = [
+        f"target.path={tiny_world / 'targets' / 'llama' / 'bf16'}",
+        f"data.train={tiny_llama_data}",
+        "data.val=null",
+        "data.micro_batch_size=2",
+        "data.max_length=64",
+        "draft.num_anchors=4",
+        f"train.output_dir={out}",
+        "train.max_steps=1",
+        "train.save_every=1",
+        "train.progress=false",
+        "train.tensorboard=false",
+    ]
+    args = ["-c", str(path), *[x for s in sets for x in ("--set", s)]]
+    result = CliRunner().invoke(train_draft_app, args)
+    assert result.exit_code == 0, result.output
+    assert yaml.safe_load((out / "config.yaml").read_text())["draft"]["loss_target"] == "distill"
+    saved = stored_config(out / "checkpoints" / "step-0000001")
+    assert saved.draft.loss_target == "distill"

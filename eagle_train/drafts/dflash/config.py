@@ -31,8 +31,11 @@ class DFlashConfig(StrictModel):
     # linear between those points and extended by the nearest segment elsewhere (>= 1).
     loss_gamma: float | None = Field(default=None, gt=0)
     # hard: cross-entropy to the data token x_{a+k}; distill: soft cross-entropy to the
-    # target's distribution at a+k-1 (equal on target-regenerated data under greedy).
-    loss_target: Literal["hard", "distill"] = "hard"
+    # target's distribution at a+k-1. auto (train-draft resolves it from the training data's
+    # meta.json and saves the choice): hard when prepare-data regenerated the answers with the
+    # target, distill when the answers are the dataset's own. Measured on the demo target
+    # (README): hard beat distill on regenerated data, distill beat hard on raw data.
+    loss_target: Literal["auto", "hard", "distill"] = "auto"
     # Block attention kernel: chunked (exact fp32 reference), flex (CUDA: compiled
     # flex_attention with a block mask); auto = flex on CUDA, chunked elsewhere.
     attention: Literal["auto", "chunked", "flex"] = "auto"

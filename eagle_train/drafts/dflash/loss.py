@@ -91,6 +91,11 @@ class _ChunkTerms:
         target_logits: Tensor,
         loss_target: str,
     ) -> None:
+        if loss_target not in ("hard", "distill"):
+            raise ValueError(
+                f"draft.loss_target {loss_target!r}: expected hard or distill (train-draft "
+                "resolves auto from the training data before the first step)"
+            )
         self.head, self.input_ids, self.target_logits = head, input_ids, target_logits
         self.loss_target = loss_target
 
