@@ -107,7 +107,7 @@ def train_point(args: argparse.Namespace, path: str, cache: Path, mode: str, k: 
     vocab = None
     if args.draft_vocab:  # the most frequent ids of the rows, as the trainer builds it
         counts = torch.bincount(rows.flatten(), minlength=target.config.vocab_size)
-        vocab = build_vocab_mapping(counts, args.draft_vocab)
+        vocab = build_vocab_mapping(counts, min(args.draft_vocab, target.config.vocab_size))
     draft = spec.build(cfg, target, vocab).to(device=device, dtype=torch.bfloat16)
     optimizer = create_optimizer(draft, OptimConfig(lr=1e-4))
     position = [0]
@@ -129,6 +129,7 @@ def train_point(args: argparse.Namespace, path: str, cache: Path, mode: str, k: 
     return {
         "mode": mode,
         "K": k,
+        "draft_vocab": len(vocab.d2t) if vocab is not None else target.config.vocab_size,
         "tokens_per_s": args.batch * args.seq / step_s,
         "step_s": step_s,
         "peak_MiB": _peak_mib(device),
@@ -163,7 +164,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=2)
     parser.add_argument("--batch-tokens", type=int, default=4096)
     parser.add_argument("--ks", type=int, nargs="+", default=[1, 3, 7])
-    parser.add_argument("--draft-vocab", type=int, help="draft vocabulary (default: target's)")
+    parser.add_argument("--draft-vocab", type=int, help="draft vocabulary (default: the target's)")
     parser.add_argument("--point", nargs=4, help=argparse.SUPPRESS)  # kind path cache K
     args = parser.parse_args()
     if args.point:
