@@ -23,10 +23,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from pydantic import ValidationError
 from safetensors.torch import load_file, save_file
 
-from eagle_train.config import ConfigError, dump_config, format_validation_error, read_yaml
+from eagle_train.config import dump_config, read_yaml, validate_config
 from eagle_train.data.loader import LoaderState
 from eagle_train.data.vocab import (
     VOCAB_FILE,
@@ -223,10 +222,7 @@ def stored_config(path: Path) -> RunConfig:
     draft = data.get("draft")
     if size is not None and isinstance(draft, dict) and "draft_vocab_size" not in draft:
         draft["draft_vocab_size"] = size
-    try:
-        return RunConfig.model_validate(data)
-    except ValidationError as exc:
-        raise ConfigError(format_validation_error(exc, str(file), lines, None, data)) from None
+    return validate_config(RunConfig, data, str(file), lines)
 
 
 def load_draft_checkpoint(path: str | Path) -> tuple[RunConfig, dict[str, torch.Tensor], int]:

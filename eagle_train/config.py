@@ -93,12 +93,31 @@ def load_config(
         source = str(path)
         data, lines = read_yaml(Path(path))
     overrides = list(overrides or [])
-    data = apply_overrides(data, overrides)
+    return validate_config(model, apply_overrides(data, overrides), source, lines, overrides)
+
+
+def validate_config(
+    model: type[M],
+    data: dict[str, Any],
+    source: str,
+    lines: dict[tuple[str, ...], int],
+    overrides: list[str] | None = None,
+) -> M:
+    """``data`` (read from ``source``, keys at ``lines``) validated into ``model``; an error is
+    one ConfigError naming the file, line (or override) and key."""
     try:
         return model.model_validate(data)
     except ValidationError as exc:
-        overridden = {tuple(parse_override(text)[0]): text for text in overrides}
+        overridden = {tuple(parse_override(text)[0]): text for text in overrides or []}
         raise ConfigError(format_validation_error(exc, source, lines, overridden, data)) from None
+
+
+def refuse_moved_key(data: Any, key: str, message: str) -> Any:
+    """For a ``mode="before"`` validator: ``data`` as it is, or ``ValueError(message)`` when
+    it holds ``key``, a setting that moved elsewhere."""
+    if isinstance(data, dict) and key in data:
+        raise ValueError(message)
+    return data
 
 
 def read_yaml(path: Path) -> tuple[dict[str, Any], dict[tuple[str, ...], int]]:

@@ -8,7 +8,7 @@ from typing import Any, Literal
 import torch
 from pydantic import Field, field_validator, model_validator
 
-from eagle_train.config import StrictModel
+from eagle_train.config import StrictModel, refuse_moved_key
 from eagle_train.drafts.registry import DRAFTS, DraftConfig
 from eagle_train.evaluate.settings import TrainAcceptance
 from eagle_train.optim import OptimConfig
@@ -38,12 +38,12 @@ class DataSection(StrictModel):
     @model_validator(mode="before")
     @classmethod
     def _size_moved(cls, data: Any) -> Any:
-        if isinstance(data, dict) and "draft_vocab_size" in data:
-            raise ValueError(
-                "data.draft_vocab_size moved to draft.draft_vocab_size (the draft vocabulary "
-                "size is a property of the draft): set it there"
-            )
-        return data
+        return refuse_moved_key(
+            data,
+            "draft_vocab_size",
+            "data.draft_vocab_size moved to draft.draft_vocab_size (the draft vocabulary "
+            "size is a property of the draft): set it there",
+        )
 
 
 class TrainSection(StrictModel):

@@ -7,7 +7,7 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
-from eagle_train.config import StrictModel
+from eagle_train.config import StrictModel, refuse_moved_key
 
 
 class RegenerateConfig(StrictModel):
@@ -54,13 +54,13 @@ class VocabConfig(StrictModel):
     @model_validator(mode="before")
     @classmethod
     def _size_moved(cls, data: Any) -> Any:
-        if isinstance(data, dict) and "draft_vocab_size" in data:
-            raise ValueError(
-                "vocab.draft_vocab_size moved to the train-draft run config as "
-                "draft.draft_vocab_size (prepare-data now always writes the token counts the "
-                "trainer builds the draft vocabulary from): remove it here"
-            )
-        return data
+        return refuse_moved_key(
+            data,
+            "draft_vocab_size",
+            "vocab.draft_vocab_size moved to the train-draft run config as "
+            "draft.draft_vocab_size (prepare-data now always writes the token counts the "
+            "trainer builds the draft vocabulary from): remove it here",
+        )
 
 
 class HubDataset(StrictModel):
