@@ -28,7 +28,6 @@ from eagle_train.checkpoint import (
 )
 from eagle_train.config import dump_config
 from eagle_train.data.loader import Batch, BatchLoader, PreparedData
-from eagle_train.data.packing import meter_metrics, packing_budget
 from eagle_train.drafts.base import loss_parts
 from eagle_train.drafts.registry import check_servable, get_draft
 from eagle_train.fsutil import check_output_path
@@ -126,13 +125,6 @@ def _train(cfg: RunConfig, env: DistEnv, out: Path, preemption: Preemption) -> T
         rank=env.rank,
         world_size=env.world_size,
         grad_accum=cfg.train.grad_accum,
-        max_tokens=packing_budget(
-            cfg.data.packing,
-            cfg.data.max_tokens_per_batch,
-            cfg.data.micro_batch_size,
-            data.rows,
-            cfg.data.max_length,
-        ),  # fmt: skip
     )
     model = wrap_model(c.draft, env, cfg.train.parallel)  # FSDP2 shards c.draft in place
     optimizer = create_optimizer(c.draft, cfg.optim)
@@ -200,8 +192,6 @@ def _train(cfg: RunConfig, env: DistEnv, out: Path, preemption: Preemption) -> T
                 tokens_per_s=total_tokens / max(elapsed, 1e-9),
                 skipped_steps=state.skipped_steps,
             )
-            sums = all_reduce_sum(loader.meter.take(), env)
-            metrics.update(meter_metrics(sums, elapsed, data.source_names))
             if metric_log is not None:
                 metric_log.write("train", step, metrics)
             bar.set_postfix_str(format_metrics(metrics, CONSOLE_KEYS))
