@@ -87,7 +87,7 @@ def named_paths(text: str, roots: set[str]) -> set[str]:
 def missing_paths(path: Path, roots: set[str]) -> list[str]:
     names = named_paths(path.read_text(), roots)
     return [
-        f"{path.relative_to(REPO)}: names {name!r}, which is not in the repository"
+        f"{shown(path)}: names {name!r}, which is not in the repository"
         for name in sorted(names)
         if not (REPO / name).exists()
     ]
