@@ -50,13 +50,11 @@ def tiny_world_config() -> Path:
 
 @pytest.fixture(scope="session")
 def tiny_world(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The demo world built with the fast test preset (a few seconds)."""
-    from eagle_train.config import load_config
-    from eagle_train.demo.build import DemoConfig, build_demo_world
+    """The demo world of the fast test preset: built once per machine (tests/world_cache.py),
+    this session's own copy."""
+    from world_cache import world_copy
 
-    out = tmp_path_factory.mktemp("world") / "tiny"
-    build_demo_world(load_config(DemoConfig, TINY_WORLD_CONFIG), out)
-    return out
+    return world_copy(TINY_WORLD_CONFIG, tmp_path_factory.mktemp("world") / "tiny")
 
 
 def prepare_tiny_data(
