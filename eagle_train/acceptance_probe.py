@@ -1,7 +1,7 @@
 """Acceptance length measured in vLLM while training: every N steps the current draft is
 exported (the same validated path as export-draft), served next to the target on a small
-prompt set, and its acceptance length logged beside the training metrics; the checkpoint
-with the best acceptance so far is kept under ``best/``."""
+prompt set, and its tokens per target step and acceptance length logged beside the training
+metrics; the checkpoint with the most tokens per target step so far is kept under ``best/``."""
 
 from __future__ import annotations
 
@@ -45,14 +45,23 @@ class AcceptanceProbe:
         overall: dict[str, Any] = summarize(run_eval(settings))["drafters"][str(self.drafter_dir)][
             "overall"
         ]
-        metrics = {"acceptance_length": overall["acceptance_length"]}
+        metrics = {  # tokens per target step ranks (eval-acceptance's metric, steps.py)
+            "tokens_per_target_step": overall["tokens_per_target_step"],
+            "mean_request_tokens_per_target_step": overall["mean_request_tokens_per_target_step"],
+            "acceptance_length": overall["acceptance_length"],  # over drafted steps
+        }
         for i, rate in enumerate(overall["per_position_rate"]):
             metrics[f"accept_rate_{i}"] = rate
-        log.info("step %d: vLLM acceptance length %.3f", step, metrics["acceptance_length"])
+        log.info(
+            "step %d: vLLM tokens per target step %.3f (AL over drafted steps %.3f)",
+            step,
+            metrics["tokens_per_target_step"],
+            metrics["acceptance_length"],
+        )
         return metrics
 
     def improved(self, metrics: dict[str, float]) -> bool:
-        if metrics["acceptance_length"] > self.best:
-            self.best = metrics["acceptance_length"]
+        if metrics["tokens_per_target_step"] > self.best:
+            self.best = metrics["tokens_per_target_step"]
             return True
         return False

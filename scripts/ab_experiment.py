@@ -1,5 +1,6 @@
 """Train the same draft twice, differing in one thing, and measure both in ONE
-``eval-acceptance`` run: the paired table (AL each, difference, t, 95% CI, per category),
+``eval-acceptance`` run: the paired table (tokens per target step each, difference, t, 95%
+CI, per category, with AL over drafted steps beside it),
 the RMSNorm gains' movement from the checkpoints, and the final losses.
 
 Default: the master-weight experiment, arms ``bf16`` (optim.fp32_master_weights=false: pure

@@ -79,7 +79,9 @@ def test_acceptance_measured_in_vllm_during_training(trained: dict) -> None:
     rows = trained["acceptance"]
     assert [r["step"] for r in rows] == [75, 150]
     assert all(1.0 <= r["acceptance_length"] <= K + 1 for r in rows)
+    assert all(1.0 <= r["tokens_per_target_step"] <= K + 1 for r in rows)
     assert all(f"accept_rate_{K - 1}" in r for r in rows)
-    best_step = max(rows, key=lambda r: r["acceptance_length"])["step"]
+    # the best checkpoint is chosen by tokens per target step, the metric that ranks
+    best_step = max(rows, key=lambda r: r["tokens_per_target_step"])["step"]
     (best,) = (trained["run"] / "best").iterdir()
     assert best.name == f"step-{best_step:07d}"

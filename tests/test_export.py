@@ -160,7 +160,15 @@ def test_failed_write_leaves_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyP
 
 
 def _summary(drafter: Path) -> dict:
-    row = dict(requests=4, acceptance_length=2.345, tokens_per_s=12.5, speedup=1.5)
+    # a row written before tokens per target step was measured
+    old = dict(requests=2, acceptance_length=1.5, tokens_per_s=9.0, speedup=None)
+    row = dict(
+        requests=4,
+        tokens_per_target_step=2.125,
+        acceptance_length=2.345,
+        tokens_per_s=12.5,
+        speedup=1.5,
+    )
     return {
         "target": "T",
         "prompts": "mt_bench",
@@ -171,7 +179,7 @@ def _summary(drafter: Path) -> dict:
                 "method": "eagle3",
                 "num_speculative_tokens": 3,
                 "overall": row,
-                "categories": {"coding": {**row, "acceptance_length": 3.125}},
+                "categories": {"coding": {**row, "acceptance_length": 3.125}, "math": old},
             }
         },
     }
@@ -188,8 +196,10 @@ def test_model_card_gets_the_acceptance_table(tmp_path: Path) -> None:
     out = export_state(state, cfg, tmp_path / "d", {"step": 7})
     assert record_acceptance(out, _summary(out))
     card = (out / "README.md").read_text()
-    assert "| coding | 4 | 3.125 | 12.5 | 1.50x |" in card
-    assert "| **overall** | 4 | 2.345 | 12.5 | 1.50x |" in card and "Not measured" not in card
+    assert "| coding | 4 | 2.125 | 3.125 | 12.5 | 1.50x |" in card
+    assert "| math | 2 | - | 1.500 | 9.0 | - |" in card
+    assert "| **overall** | 4 | 2.125 | 2.345 | 12.5 | 1.50x |" in card
+    assert "Not measured" not in card
     assert json.loads((out / "eagle_train.json").read_text())["acceptance"]["turns"] == 1
     # A README.md someone else wrote is never replaced.
     (out / "README.md").write_text("my own card\n")

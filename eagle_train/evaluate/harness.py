@@ -23,6 +23,7 @@ from eagle_train.evaluate.drafter import DrafterInfo, inspect_drafter
 from eagle_train.evaluate.prompts import EvalPrompt, load_prompts
 from eagle_train.evaluate.rounds import Round, interleave
 from eagle_train.evaluate.settings import EvalSettings
+from eagle_train.evaluate.steps import decode_steps
 from eagle_train.target import load_target_description
 from eagle_train.target.location import from_pretrained
 
@@ -255,8 +256,11 @@ def _record(
                 "prompt_tokens": len(req.token_ids),
                 "new_tokens": len(tokens),
                 "seconds": seconds,
-                "drafts": delta.drafts,
+                "drafts": delta.drafts,  # counter deltas around this request alone
                 "accepted": delta.accepted,
+                # target forwards after the prefill (steps.py): what tokens per target
+                # step divides by; recomputable from new_tokens, accepted and drafts
+                "decode_steps": decode_steps(len(tokens), delta.accepted, delta.drafts),
                 "acceptance_length": delta.acceptance_length,
                 "accepted_per_pos": delta.accepted_per_pos,
                 "output": tokens,

@@ -10,6 +10,13 @@ from typing import Any
 from eagle_train.evaluate.harness import EvalRun
 from eagle_train.evaluate.rounds import speedup_summary
 from eagle_train.evaluate.stats import paired_difference
+from eagle_train.evaluate.steps import (
+    drafted_step_share,
+    mean_request_tokens_per_step,
+    pooled_tokens_per_step,
+    request_steps,
+    request_tokens_per_step,
+)
 from eagle_train.fsutil import (
     atomic_directory,
     check_no_overlap,
@@ -19,11 +26,13 @@ from eagle_train.fsutil import (
 
 
 def summarize(run: EvalRun) -> dict[str, Any]:
-    """Per drafter: per-category and overall AL (1 + accepted/drafts), mean per-request AL,
-    per-position acceptance, tokens/s and the speedup over the target alone on the same
-    requests; the interleaved speedup (median over rounds, quartiles, range, fault flag);
-    how many greedy outputs equal the target alone's; paired differences of every further
-    drafter against the first."""
+    """Per drafter: per-category and overall tokens per target step (pooled and its
+    per-request mean: the fair comparison across proposers, ``steps.py``) beside AL over
+    drafted steps (1 + accepted/drafts) and its per-request mean, per-position acceptance,
+    tokens/s and the speedup over the target alone on the same requests; the interleaved
+    speedup (median over rounds, quartiles, range, fault flag); how many greedy outputs
+    equal the target alone's; paired differences in per-request tokens per target step of
+    every further drafter against the first."""
     by_model: dict[str, list[dict]] = defaultdict(list)
     for r in run.records:
         by_model[r["model"]].append(r)
@@ -47,7 +56,7 @@ def summarize(run: EvalRun) -> dict[str, Any]:
                 for t in sorted({r["turn"] for r in rows})
             },
             "categories": categories,
-            "speedup": speedup_summary(run.rounds.get(name, []), overall["acceptance_length"]),
+            "speedup": speedup_summary(run.rounds.get(name, []), overall["tokens_per_target_step"]),
             "greedy_equal_to_target": _greedy_equal(rows, target),
         }
     summary = {
@@ -83,6 +92,10 @@ def _aggregate(rows: list[dict], target: dict[tuple, dict]) -> dict[str, Any]:
     baseline_tps = _tokens_per_s(same) if len(same) == len(rows) else 0.0
     return {
         "requests": len(rows),
+        "decode_steps": sum(request_steps(r) for r in rows),
+        "tokens_per_target_step": pooled_tokens_per_step(rows),
+        "mean_request_tokens_per_target_step": mean_request_tokens_per_step(rows),
+        "drafted_step_share": drafted_step_share(rows),
         "acceptance_length": 1 + accepted / drafts if drafts else 1.0,
         "mean_request_acceptance_length": sum(r["acceptance_length"] for r in rows) / len(rows),
         "per_position_rate": [a / drafts if drafts else 0.0 for a in per_pos],
@@ -100,14 +113,21 @@ def _paired(run: EvalRun, by_model: dict[str, list[dict]]) -> list[dict[str, Any
     if len(run.drafters) < 2:
         return []
     key = lambda r: (r["id"], r["turn"])  # noqa: E731
-    base = {key(r): r["acceptance_length"] for r in by_model[str(run.drafters[0].path)]}
+    base = {key(r): request_tokens_per_step(r) for r in by_model[str(run.drafters[0].path)]}
     out = []
     for info in run.drafters[1:]:
         rows = by_model[str(info.path)]
         a = [base[key(r)] for r in rows]
-        b = [r["acceptance_length"] for r in rows]
+        b = [request_tokens_per_step(r) for r in rows]
         d = paired_difference(a, b)
-        out.append({"a": str(run.drafters[0].path), "b": str(info.path), **d.__dict__})
+        out.append(
+            {
+                "a": str(run.drafters[0].path),
+                "b": str(info.path),
+                "metric": "tokens_per_target_step",
+                **d.__dict__,
+            }
+        )
     return out
 
 
@@ -123,8 +143,9 @@ def to_markdown(summary: dict[str, Any]) -> str:
         lines += [
             f"## {name} ({d['method']}, K={d['num_speculative_tokens']})",
             "",
-            "| category | requests | AL | mean request AL | tokens/s | speedup |",
-            "|---|---|---|---|---|---|",
+            "| category | requests | tokens per target step | mean per request "
+            "| AL over drafted steps | drafted steps | tokens/s | speedup |",
+            "|---|---|---|---|---|---|---|---|",
         ]
         turn_rows = (
             [(f"turn {t}", row) for t, row in d["turns"].items()] if len(d["turns"]) > 1 else []
@@ -132,20 +153,32 @@ def to_markdown(summary: dict[str, Any]) -> str:
         for cat, row in [*d["categories"].items(), *turn_rows, ("**overall**", d["overall"])]:
             speed = f"{row['speedup']:.2f}x" if row["speedup"] is not None else "-"
             lines.append(
-                f"| {cat} | {row['requests']} | {row['acceptance_length']:.3f} | "
-                f"{row['mean_request_acceptance_length']:.3f} | "
+                f"| {cat} | {row['requests']} | {row['tokens_per_target_step']:.3f} | "
+                f"{row['mean_request_tokens_per_target_step']:.3f} | "
+                f"{row['acceptance_length']:.3f} | {row['drafted_step_share']:.0%} | "
                 f"{row['tokens_per_s']:.1f} | {speed} |"
             )
         rates = ", ".join(f"{r:.3f}" for r in d["overall"]["per_position_rate"])
         lines += ["", f"Per-position acceptance rate: {rates}", ""]
         lines += _speed_lines(d)
+    lines += [METRICS_LEGEND, ""]
     for p in summary["paired"]:
         lines.append(
-            f"Paired AL difference ({p['b']} - {p['a']}) over {p['n']} requests: "
+            f"Paired difference in tokens per target step ({p['b']} - {p['a']}) over "
+            f"{p['n']} requests: "
             f"mean {p['mean']:+.3f}, t = {p['t']:.2f}, p = {p['p_value']:.3g}, "
             f"95% CI [{p['ci_low']:+.3f}, {p['ci_high']:+.3f}]"
         )
     return "\n".join(lines) + "\n"
+
+
+METRICS_LEGEND = (
+    "Tokens per target step: (new tokens - 1) over decode steps (target forwards after the "
+    "prefill), pooled over the requests, then its mean per request; it ranks proposers "
+    "(the paired statistics use it). AL over drafted steps: 1 + accepted / drafts, which "
+    "leaves out the steps a proposer did not draft on (n-gram skips them), so it overstates "
+    "such a proposer. Drafted steps: the share of decode steps that carried drafts."
+)
 
 
 def _speed_lines(d: dict[str, Any]) -> list[str]:
@@ -219,15 +252,15 @@ def plot(summary: dict[str, Any], path: Path) -> None:
     width = 0.8 / max(len(names), 1)
     for i, name in enumerate(names):
         d = summary["drafters"][name]
-        values = [d["categories"].get(c, {}).get("acceptance_length", 0.0) for c in cats]
+        values = [d["categories"].get(c, {}).get("tokens_per_target_step", 0.0) for c in cats]
         left.bar([x + i * width for x in range(len(cats))], values, width, label=Path(name).name)
         rates = d["overall"]["per_position_rate"]
         right.plot(range(1, len(rates) + 1), rates, marker="o", label=Path(name).name)
     left.set_xticks(
         [x + width * (len(names) - 1) / 2 for x in range(len(cats))], cats, rotation=30, ha="right"
     )
-    left.set_ylabel("acceptance length")
-    left.set_title("Acceptance length per category")
+    left.set_ylabel("tokens per target step")
+    left.set_title("Tokens per target forward step per category")
     width_k = max(
         (len(d["overall"]["per_position_rate"]) for d in summary["drafters"].values()), default=0
     )

@@ -6,9 +6,8 @@ not. Round r runs the target first when r is even and the drafter first when r i
 drift inside a round cancels over two rounds). The speedup reported is the median of the
 per-round ratios, with its quartiles and range.
 
-A drafter cannot be faster than its tokens per target step (its acceptance length: every
-verification step costs at least one target forward), so a speedup above it is flagged as a
-measurement fault.
+A drafter cannot be faster than its tokens per target step (``steps.py``: every decode step
+costs at least one target forward), so a speedup above it is flagged as a measurement fault.
 """
 
 from __future__ import annotations
