@@ -30,6 +30,7 @@ from eagle_train.config import dump_config
 from eagle_train.data.loader import Batch, BatchLoader, PreparedData
 from eagle_train.drafts.base import loss_parts
 from eagle_train.drafts.registry import check_servable, get_draft
+from eagle_train.drafts.warm_start import warm_start
 from eagle_train.fsutil import check_output_path
 from eagle_train.metrics import MetricLog, WeightedMean, format_metrics
 from eagle_train.optim import (
@@ -115,6 +116,7 @@ def _train(cfg: RunConfig, env: DistEnv, out: Path, preemption: Preemption) -> T
 
     torch.manual_seed(cfg.train.seed)  # the same initial draft on every rank
     c = build_components(cfg, data, env, resumed.vocab if resumed else None)
+    warm_start(cfg.draft, c.spec, c.draft, c.target.description, fresh=resumed is None)
     pad_id = c.target.description.pad_token_id or 0  # a multimodal config keeps it in text_config
     loader = BatchLoader(
         data,

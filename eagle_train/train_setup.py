@@ -28,6 +28,7 @@ from eagle_train.data.store import PreparedDataError
 from eagle_train.data.vocab import TokenCounter, VocabMapping, build_vocab_mapping
 from eagle_train.drafts.base import DraftSpec
 from eagle_train.drafts.registry import get_draft
+from eagle_train.drafts.warm_start import initial_vocab
 from eagle_train.features import feature_sources, load_target
 from eagle_train.fsutil import UnsafePathError, hold_lock, remove_stale_temporaries_in
 from eagle_train.optim import resolve_storage_dtype
@@ -59,7 +60,9 @@ def build_components(
     layer_ids = spec.target_layer_ids(cfg.draft, target.description)
     features, val_features = feature_sources(cfg, target, layer_ids, env)
     if spec.uses_draft_vocab:
-        vocab = vocab or draft_vocab(cfg, data, target.description.vocab_size, env)
+        vocab_size = target.description.vocab_size
+        vocab = vocab or initial_vocab(cfg.draft, spec, vocab_size)
+        vocab = vocab or draft_vocab(cfg, data, vocab_size, env)
     draft = spec.build(cfg.draft, target, vocab)
     draft = draft.to(device=env.device, dtype=resolve_storage_dtype(target.dtype, cfg.optim))
     return Components(

@@ -99,6 +99,16 @@ class DraftSpec(Protocol):
     ) -> tuple[dict[str, tuple[int, ...]], dict[str, tuple[int, ...]]]:
         """(required, optional) tensors vLLM reads for ``config``, with shapes (the contract)."""
 
+    def from_speculators(self, config: dict[str, Any]) -> dict[str, Any] | None:
+        """vLLM's native config of a speculators-format ``config`` of this algorithm's type,
+        rebuilt as vLLM's speculators loader does; None when it is another type."""
+
+    def import_tensors(
+        self, tensors: dict[str, Tensor], config: dict[str, Any]
+    ) -> dict[str, Tensor]:
+        """A drafter's tensors (vLLM's names, any layout vLLM serves) under the names of this
+        draft's state dict: the inverse of ``to_vllm``'s map (warm start)."""
+
 
 LossPart = Callable[[], StepResult]
 

@@ -236,3 +236,45 @@ def fused_speculators(
         moved=(*_FUSED_TOP_LEVEL, "parallel_drafting", *fields),
         extra_tensors=extra,
     )
+
+
+def fused_from_speculators(
+    config: dict[str, Any], speculators_type: str, norm_before_residual: bool
+) -> dict[str, Any] | None:
+    """vLLM's native config of a speculators-format fused-layer drafter of
+    ``speculators_type`` (None for another type), rebuilt as vLLM's own speculators loader
+    does (``transformers_utils/configs/speculators/algos.py``): the layer config with the
+    EAGLE fields on top; ``norm_before_residual`` defaults to vLLM's per-type default."""
+    if config.get("speculators_model_type") != speculators_type:
+        return None
+    native = dict(config.get("transformer_layer_config") or {})
+    native.update(
+        draft_vocab_size=config.get("draft_vocab_size"),
+        norm_before_residual=config.get("norm_before_residual", norm_before_residual),
+    )
+    for key in ("target_hidden_size", "eagle_aux_hidden_state_layer_ids", *EAGLE31_SWITCHES):
+        if config.get(key) is not None:
+            native[key] = config[key]
+    native["architectures"] = [f"Eagle3{native.get('model_type', 'llama').title()}ForCausalLM"]
+    return native
+
+
+# The EAGLE-3.1 switches of vLLM's EAGLE-3 drafter config (``llama_eagle3.py``), all false
+# when absent: ``norm_before_fc`` one RMSNorm over the concatenated aux features
+# (``input_norm``), ``fc_norm`` one RMSNorm per aux chunk (``fc_norm.i``), ``norm_output``
+# the next step's hidden taken after the final norm instead of before it.
+EAGLE31_SWITCHES = ("norm_before_fc", "fc_norm", "norm_output")
+
+# SafeAILab's EAGLE-3 checkpoints name the fused layer ``midlayer``; vLLM renames it.
+_SAFEAILAB_RENAMES = {"midlayer.": "layers.0."}
+
+
+def fused_import(tensors: dict[str, Tensor]) -> dict[str, Tensor]:
+    """A fused-layer drafter's tensors under the draft's names: the inverse of the export map
+    (the identity: exported names are the draft's) after vLLM's own renames."""
+    out = {}
+    for name, tensor in tensors.items():
+        for old, new in _SAFEAILAB_RENAMES.items():
+            name = name.replace(old, new)
+        out[name] = tensor
+    return out

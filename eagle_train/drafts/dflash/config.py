@@ -7,12 +7,12 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from eagle_train.config import StrictModel
+from eagle_train.drafts.draft_config import DraftConfigBase
 
 log = logging.getLogger(__name__)
 
 
-class DFlashConfig(StrictModel):
+class DFlashConfig(DraftConfigBase):
     algorithm: Literal["dflash"] = "dflash"
     # Block = [anchor, MASK x (B-1)]; vLLM serves it with num_speculative_tokens = B-1.
     block_size: int = Field(default=16, ge=2)

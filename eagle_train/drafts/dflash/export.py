@@ -113,3 +113,31 @@ def to_vllm(
         num_speculative_tokens=cfg.block_size - 1,
         speculators=speculators,
     )
+
+
+def from_speculators(config: dict[str, Any]) -> dict[str, Any] | None:
+    """The native config of a speculators-format DFlash drafter, as vLLM's speculators
+    loader rebuilds it: ``aux_hidden_state_layer_ids`` ("after k layers") become
+    ``dflash_config.target_layer_ids`` (0-based outputs); None for another type."""
+    if config.get("speculators_model_type") != "dflash":
+        return None
+    native = dict(config.get("transformer_layer_config") or {})
+    aux = list(config.get("aux_hidden_state_layer_ids") or [])
+    native.update(
+        architectures=["DFlashDraftModel"],
+        dflash_config={
+            "mask_token_id": config.get("mask_token_id"),
+            "target_layer_ids": [i - 1 for i in aux],
+        },
+    )
+    if config.get("target_hidden_size") is not None:
+        native["target_hidden_size"] = config["target_hidden_size"]
+    if config.get("draft_vocab_size") not in (None, native.get("vocab_size")):
+        native["draft_vocab_size"] = config["draft_vocab_size"]  # refused by the contract
+    return native
+
+
+def import_tensors(tensors: dict[str, Tensor], config: dict[str, Any]) -> dict[str, Tensor]:
+    """A drafter's tensors under this draft's names: the export map is a filter (the
+    embedding and head stay the target's), so the inverse is the identity."""
+    return dict(tensors)

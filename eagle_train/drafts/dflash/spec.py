@@ -125,3 +125,11 @@ class DFlashSpec:
         self, config: dict[str, Any]
     ) -> tuple[dict[str, tuple[int, ...]], dict[str, tuple[int, ...]]]:
         return export.expected_tensors(config)
+
+    def from_speculators(self, config: dict[str, Any]) -> dict[str, Any] | None:
+        return export.from_speculators(config)
+
+    def import_tensors(
+        self, tensors: dict[str, Tensor], config: dict[str, Any]
+    ) -> dict[str, Tensor]:
+        return export.import_tensors(tensors, config)

@@ -6,10 +6,10 @@ from typing import Literal
 
 from pydantic import Field
 
-from eagle_train.config import StrictModel
+from eagle_train.drafts.draft_config import DraftConfigBase
 
 
-class Eagle1Config(StrictModel):
+class Eagle1Config(DraftConfigBase):
     algorithm: Literal["eagle1"] = "eagle1"
     # Llama decoder layers after fc (layer 0 has no input_layernorm, as vLLM builds it).
     num_layers: int = Field(default=1, ge=1)

@@ -52,3 +52,9 @@ def to_vllm(state: dict[str, Tensor], cfg: Eagle1Config, target: TargetDescripti
         method="eagle",
         num_speculative_tokens=cfg.num_speculative_tokens,
     )
+
+
+def import_tensors(tensors: dict[str, Tensor], config: dict[str, Any]) -> dict[str, Tensor]:
+    """A drafter's tensors under this draft's names: the export map is a filter, so the
+    inverse is the identity (a shipped ``embed_tokens`` replaces the frozen copy)."""
+    return dict(tensors)

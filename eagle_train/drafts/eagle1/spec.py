@@ -112,3 +112,11 @@ class Eagle1Spec:
         self, config: dict[str, Any]
     ) -> tuple[dict[str, tuple[int, ...]], dict[str, tuple[int, ...]]]:
         return export.expected_tensors(config)
+
+    def from_speculators(self, config: dict[str, Any]) -> dict[str, Any] | None:
+        return None  # vLLM reads no speculators-format drafter of this type
+
+    def import_tensors(
+        self, tensors: dict[str, Tensor], config: dict[str, Any]
+    ) -> dict[str, Tensor]:
+        return export.import_tensors(tensors, config)

@@ -6,10 +6,10 @@ from typing import Literal
 
 from pydantic import Field
 
-from eagle_train.config import StrictModel
+from eagle_train.drafts.draft_config import DraftConfigBase
 
 
-class Eagle3Config(StrictModel):
+class Eagle3Config(DraftConfigBase):
     algorithm: Literal["eagle3"] = "eagle3"
     # Target layers whose hidden states are fused, in the "after k layers" convention
     # (vLLM's). None -> (2, L//2, L-3), which collides on targets with fewer than 7 layers.

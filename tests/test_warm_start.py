@@ -1,0 +1,219 @@
+"""draft.init_from: a drafter directory in each layout vLLM serves loads into the run's draft
+and computes what the exported draft computed; a drafter made by speculators' own code
+(tests/assets/speculators, see make_fixture.py there) loads tensor for tensor; mismatches
+with the target or the run config are one-line errors."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import REPO
+from safetensors.torch import load_file
+
+from eagle_train.config import ConfigError, load_config
+from eagle_train.data.loader import Batch
+from eagle_train.data.vocab import VocabMapping
+from eagle_train.drafts.registry import DRAFTS, get_draft
+from eagle_train.drafts.warm_start import initial_vocab, warm_start
+from eagle_train.export import export_state
+from eagle_train.run_config import RunConfig
+from eagle_train.target import FrozenTarget
+
+FIXTURE = REPO / "tests" / "assets" / "speculators" / "eagle3-llama-tiny"
+
+
+def layouts(algorithm: str) -> list[str]:
+    """Every layout vLLM serves for the algorithm: native; speculators where vLLM reads that
+    format for it; SafeAILab's (midlayer.*, d2t/t2d, pytorch_model.bin) for drafts with a
+    vocabulary of their own (vLLM's EAGLE-3 loader)."""
+    spec = get_draft(algorithm)
+    found = ["vllm"]
+    if spec.vllm_method != "eagle":  # vLLM has no speculators type for method "eagle"
+        found.append("speculators")
+    if spec.uses_draft_vocab:
+        found.append("safeailab")
+    return found
+
+
+CASES = [(a, layout) for a in DRAFTS for layout in layouts(a)]
+
+
+@pytest.fixture(scope="module")
+def llama(tiny_world: Path) -> FrozenTarget:
+    return FrozenTarget.from_pretrained(tiny_world / "targets" / "llama" / "fp32", torch.float32)
+
+
+def run_config(algorithm: str, target: FrozenTarget, *overrides: str) -> RunConfig:
+    return load_config(
+        RunConfig,
+        REPO / "configs" / "train" / f"{algorithm}-llama-demo.yaml",
+        [
+            f"target.path={target.model.name_or_path}",
+            "target.dtype=float32",  # an fp32 export: the comparison can be exact
+            "data.train=unused",
+            *(["draft.loss_target=hard"] if algorithm == "dflash" else []),
+            *(["draft.draft_vocab_size=null"] if get_draft(algorithm).uses_draft_vocab else []),
+            *overrides,
+        ],
+    )
+
+
+def vocab_of(size: int, vocab: int, seed: int) -> VocabMapping:
+    ids = torch.sort(torch.randperm(vocab, generator=torch.Generator().manual_seed(seed))[:size])
+    t2d = torch.zeros(vocab, dtype=torch.bool)
+    t2d[ids.values] = True
+    return VocabMapping(ids.values - torch.arange(size), t2d, torch.zeros(vocab, dtype=torch.long))
+
+
+def built(spec, cfg, target: FrozenTarget, vocab: VocabMapping | None, seed: int):
+    torch.manual_seed(seed)
+    draft = spec.build(cfg, target, vocab)
+    with torch.no_grad():  # every weight distinct, norms included
+        for p in draft.parameters():
+            if p.requires_grad:
+                p.add_(0.1 * torch.randn_like(p))
+    return draft.eval()
+
+
+def loss_of(spec, draft, cfg, target: FrozenTarget) -> torch.Tensor:
+    torch.manual_seed(7)  # P-EAGLE samples its elements: the same draw for both drafts
+    ids = torch.randint(4, 512, (2, 24), generator=torch.Generator().manual_seed(3))
+    batch = Batch(ids, torch.ones_like(ids), torch.ones_like(ids), torch.tensor([24, 20]))
+    features = target.features(ids, None, spec.target_layer_ids(cfg, target.description))
+    with torch.no_grad():
+        return spec.compute_loss(draft, features, batch, cfg).loss
+
+
+def to_safeailab(native: Path, out: Path) -> Path:
+    """SafeAILab's layout as vLLM's EAGLE-3 loader reads it, from a native export: the fused
+    layer under ``midlayer.``, ``t2d`` beside ``d2t``, pytorch_model.bin, a Llama config with
+    SafeAILab's architecture name and no head_dim (vLLM derives it)."""
+    out.mkdir()
+    tensors = load_file(str(native / "model.safetensors"))
+    renamed = {n.replace("layers.0.", "midlayer."): t for n, t in tensors.items()}
+    vd = tensors["lm_head.weight"].shape[0]
+    d2t = tensors.get("d2t", torch.zeros(vd, dtype=torch.long))
+    t2d = torch.zeros(512, dtype=torch.bool)
+    t2d[torch.arange(vd) + d2t] = True
+    renamed["t2d"] = t2d
+    torch.save(renamed, out / "pytorch_model.bin")
+    config = json.loads((native / "config.json").read_text())
+    config["architectures"] = ["LlamaForCausalLMEagle3"]
+    for key in ("head_dim", "num_aux_hidden_states"):
+        config.pop(key)
+    (out / "config.json").write_text(json.dumps(config))
+    return out
+
+
+@pytest.mark.parametrize(("algorithm", "layout"), CASES)
+def test_export_then_init_from_gives_the_same_loss(
+    algorithm: str, layout: str, llama: FrozenTarget, tmp_path: Path
+) -> None:
+    spec = get_draft(algorithm)
+    cfg = run_config(algorithm, llama)
+    vocab = vocab_of(96, 512, seed=5) if spec.uses_draft_vocab else None
+    trained = built(spec, cfg.draft, llama, vocab, seed=0)
+    fmt = "speculators" if layout == "speculators" else "vllm"
+    out = export_state(trained.state_dict(), cfg, tmp_path / "drafter", {"step": 0}, fmt=fmt)
+    (out / "eagle_train.json").unlink()  # a drafter from elsewhere: config.json alone
+    if layout == "safeailab":
+        out = to_safeailab(out, tmp_path / "safeailab")
+
+    warm = cfg.draft.model_copy(update={"init_from": out})
+    kept = initial_vocab(warm, spec, 512)
+    if vocab is not None:  # the drafter's own vocabulary is kept
+        assert kept is not None and torch.equal(kept.d2t, vocab.d2t)
+        assert torch.equal(kept.t2d, vocab.t2d)
+    fresh = built(spec, warm, llama, kept, seed=1)
+    expected = loss_of(spec, trained, cfg.draft, llama)
+    assert not torch.equal(loss_of(spec, fresh, warm, llama), expected)
+    warm_start(warm, spec, fresh, llama.description)
+    assert torch.equal(loss_of(spec, fresh, warm, llama), expected)
+
+
+def eagle3_config(target: FrozenTarget, *overrides: str):
+    return run_config("eagle3", target, f"draft.init_from={FIXTURE}", *overrides).draft
+
+
+def test_a_speculators_drafter_loads_tensor_for_tensor(llama: FrozenTarget, tmp_path: Path) -> None:
+    """The fixture was written by speculators' Eagle3DraftModel.save_pretrained: every
+    tensor lands under its name, its d2t/t2d become the draft's vocabulary, and
+    export-draft writes the same tensors back."""
+    spec = get_draft("eagle3")
+    cfg = eagle3_config(llama)
+    fixture = load_file(str(FIXTURE / "model.safetensors"))
+    vocab = initial_vocab(cfg, spec, 512)
+    assert vocab is not None and torch.equal(vocab.d2t, fixture["d2t"])
+    assert torch.equal(vocab.t2d, fixture["t2d"])
+    draft = built(spec, cfg, llama, vocab, seed=1)
+    warm_start(cfg, spec, draft, llama.description)
+    state = draft.state_dict()
+    for name, tensor in fixture.items():
+        assert torch.equal(state[name], tensor), name
+
+    run = run_config("eagle3", llama, f"draft.init_from={FIXTURE}")
+    out = export_state(state, run, tmp_path / "again", {"step": 0})
+    exported = load_file(str(out / "model.safetensors"))
+    assert set(exported) == set(fixture) - {"t2d", "embed_tokens.weight"}
+    for name, tensor in exported.items():
+        assert torch.equal(tensor, fixture[name]), name
+
+
+def test_another_vocabulary_size_moves_head_rows_by_target_id(llama: FrozenTarget) -> None:
+    spec = get_draft("eagle3")
+    cfg = eagle3_config(llama, "draft.draft_vocab_size=64")
+    assert initial_vocab(cfg, spec, 512) is None  # the data's vocabulary is built instead
+    vocab = vocab_of(64, 512, seed=9)
+    draft = spec.build(cfg, llama, vocab)
+    warm_start(cfg, spec, draft, llama.description)
+
+    fixture = load_file(str(FIXTURE / "model.safetensors"))
+    theirs = {int(i) + int(fixture["d2t"][i]): i for i in range(128)}  # target id -> row
+    head = llama.lm_head().weight
+    moved = 0
+    for row, target_id in enumerate((torch.arange(64) + vocab.d2t).tolist()):
+        if target_id in theirs:
+            expected, moved = fixture["lm_head.weight"][theirs[target_id]], moved + 1
+        else:  # a fresh row: the target's head row of that token, as in a fresh draft
+            expected = head[target_id]
+        assert torch.equal(draft.lm_head.weight[row], expected), row
+    assert 0 < moved < 64
+
+
+@pytest.mark.parametrize(
+    ("overrides", "algorithm", "needle"),
+    [
+        (["draft.aux_layer_ids=[0,1,2]"], "eagle3", "eagle_aux_hidden_state_layer_ids"),
+        (["draft.layer_style=qwen3"], "eagle3", "draft.layer_style"),
+        ([], "dflash", "draft.algorithm is 'dflash'"),
+        ([], "peagle", "draft.algorithm is 'peagle'"),
+    ],
+)
+def test_a_mismatch_is_one_line_naming_it(
+    overrides: list[str], algorithm: str, needle: str, llama: FrozenTarget
+) -> None:
+    spec = get_draft(algorithm)
+    cfg = run_config(algorithm, llama, f"draft.init_from={FIXTURE}", *overrides).draft
+    draft = spec.build(cfg, llama, None)
+    with pytest.raises(ConfigError) as err:
+        warm_start(cfg, spec, draft, llama.description)
+    assert needle in str(err.value) and "\n" not in str(err.value)
+    assert str(FIXTURE) in str(err.value)
+
+
+def test_a_drafter_for_another_target_is_refused(tiny_world: Path, tmp_path: Path) -> None:
+    """The fixture's vocabulary (512) against a target with another one."""
+    qwen = FrozenTarget.from_pretrained(tiny_world / "targets" / "qwen3" / "fp32", torch.float32)
+    bad = tmp_path / "bad"
+    shutil.copytree(FIXTURE, bad)
+    config = json.loads((bad / "config.json").read_text())
+    config["transformer_layer_config"]["vocab_size"] = 1000
+    (bad / "config.json").write_text(json.dumps(config))
+    spec = get_draft("eagle3")
+    cfg = run_config("eagle3", qwen, f"draft.init_from={bad}").draft
+    with pytest.raises(ConfigError, match="vocab_size 1000 != the target's vocab size 512"):
+        initial_vocab(cfg, spec, 512)
