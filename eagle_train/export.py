@@ -25,6 +25,7 @@ from eagle_train.checkpoint import load_draft_checkpoint
 from eagle_train.drafts.base import DraftSpec, VllmDrafter
 from eagle_train.drafts.contract import PROVENANCE_FILE, contract_problems
 from eagle_train.drafts.registry import check_servable, get_draft
+from eagle_train.errors import UserError
 from eagle_train.fsutil import (
     atomic_directory,
     check_no_overlap,
@@ -40,7 +41,7 @@ from eagle_train.target import TargetDescription, TargetError, load_target_descr
 ExportFormat = Literal["vllm", "speculators"]
 
 
-class ExportError(ValueError):
+class ExportError(UserError, ValueError):
     pass
 
 

@@ -24,6 +24,8 @@ from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from eagle_train.errors import UserError
+
 _TMP = ".tmp-"
 _OLD = ".old-"
 DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
@@ -31,7 +33,7 @@ DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
 USER_ERRNOS = (errno.EACCES, errno.EPERM, errno.EROFS, *DISK_FULL)
 
 
-class UnsafePathError(ValueError):
+class UnsafePathError(UserError, ValueError):
     """An output that would destroy or mix with files this tool did not write, or one that
     cannot be written (read-only, in use by another process)."""
 

@@ -31,6 +31,7 @@ from eagle_train.data.loader import Batch, BatchLoader, PreparedData
 from eagle_train.drafts.base import loss_parts
 from eagle_train.drafts.registry import check_servable, get_draft
 from eagle_train.drafts.warm_start import warm_start
+from eagle_train.errors import UserError
 from eagle_train.fsutil import check_output_path
 from eagle_train.metrics import MetricLog, WeightedMean, format_metrics
 from eagle_train.optim import (
@@ -72,7 +73,7 @@ log = logging.getLogger(__name__)
 CONSOLE_KEYS = ("loss", "acc_0", "sim_accept_len", "lr", "grad_norm", "tokens_per_s")
 
 
-class NonFiniteLossError(RuntimeError):
+class NonFiniteLossError(UserError, RuntimeError):
     pass
 
 

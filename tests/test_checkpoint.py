@@ -78,7 +78,7 @@ def test_truncated_file_is_detected_and_skipped(checkpoints: Path, tmp_path: Pat
     with caplog.at_level(logging.WARNING):
         assert find_resumable(root) == root / "step-0000004"
     assert "skipping checkpoint step-0000006" in caplog.text
-    with pytest.raises(FileNotFoundError, match="truncated"):
+    with pytest.raises(CheckpointError, match="truncated"):
         load_draft_checkpoint(root / "step-0000006")  # export refuses it too
 
 

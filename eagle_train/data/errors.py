@@ -12,12 +12,14 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Literal
 
+from eagle_train.errors import UserError
+
 logger = logging.getLogger(__name__)
 
 OnBadRecord = Literal["error", "skip"]
 
 
-class DataError(ValueError):
+class DataError(UserError, ValueError):
     """A user mistake in the data (or in the chat template for that data).
 
     ``reason`` is a short snake_case key used to tally skips; the message names the source.

@@ -14,10 +14,11 @@ from safetensors import SafetensorError, safe_open
 from eagle_train.drafts.base import DraftSpec
 from eagle_train.drafts.contract import PROVENANCE_FILE, contract_problems, native_config
 from eagle_train.drafts.registry import identify_drafter
+from eagle_train.errors import UserError
 from eagle_train.target import TargetDescription
 
 
-class DrafterError(ValueError):
+class DrafterError(UserError, ValueError):
     pass
 
 

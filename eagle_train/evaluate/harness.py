@@ -16,6 +16,7 @@ from typing import Any
 
 from transformers import AutoTokenizer
 
+from eagle_train.config import ConfigError
 from eagle_train.engine import VllmEngine
 from eagle_train.engine.remote import Remote
 from eagle_train.engine.vllm_engine import Measured, cuda_available
@@ -47,7 +48,9 @@ class EvalRun:
 
 def run_eval(settings: EvalSettings) -> EvalRun:
     if settings.turns == 2 and not settings.baseline:
-        raise ValueError("turn 2 is asked with the target's own first answer: keep the baseline")
+        raise ConfigError(
+            "turns=2: turn 2 is asked with the target's own first answer: keep the baseline"
+        )
     target_config = load_target_description(settings.target, "--target")
     infos = [
         inspect_drafter(d, target_config, settings.num_speculative_tokens)

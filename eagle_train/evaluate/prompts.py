@@ -11,7 +11,13 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
+from eagle_train.errors import UserError
+
 MT_BENCH = "mt_bench"
+
+
+class PromptError(UserError, ValueError):
+    """A prompts file that is missing, not UTF-8, or holds a malformed line."""
 
 
 @dataclass(frozen=True)
@@ -36,11 +42,17 @@ def load_prompts(source: str | Path = MT_BENCH, limit: int | None = None) -> lis
     else:
         path = Path(source)
         if not path.is_file():
-            raise ValueError(f"{path}: prompt file not found")
-        text, name = path.read_text(), str(path)
+            raise PromptError(f"{path}: prompt file not found")
+        try:
+            text = path.read_text(encoding="utf-8")
+        except UnicodeDecodeError as exc:
+            raise PromptError(
+                f"{path}: not UTF-8 text (byte {exc.start}: {exc.reason}); save it as UTF-8"
+            ) from None
+        name = str(path)
     prompts = [_parse(line, name, n) for n, line in enumerate(text.splitlines(), 1) if line.strip()]
     if not prompts:
-        raise ValueError(f"{name}: no prompts")
+        raise PromptError(f"{name}: no prompts")
     return prompts[:limit]
 
 
@@ -49,9 +61,9 @@ def _parse(line: str, name: str, n: int) -> EvalPrompt:
     try:
         row = json.loads(line)
     except json.JSONDecodeError as exc:
-        raise ValueError(f"{where}: malformed JSON: {exc.msg}") from None
+        raise PromptError(f"{where}: malformed JSON: {exc.msg}") from None
     if not isinstance(row, dict):
-        raise ValueError(f"{where}: expected a JSON object")
+        raise PromptError(f"{where}: expected a JSON object")
     system = None
     if "turns" in row:
         turns = row["turns"]
@@ -63,9 +75,9 @@ def _parse(line: str, name: str, n: int) -> EvalPrompt:
             system = msgs[0].get("content")
         turns = [m.get("content") for m in msgs if isinstance(m, dict) and m.get("role") == "user"]
     else:
-        raise ValueError(f"{where}: expected one of the keys 'turns', 'prompt', 'messages'")
+        raise PromptError(f"{where}: expected one of the keys 'turns', 'prompt', 'messages'")
     if not turns or not all(isinstance(t, str) and t for t in turns):
-        raise ValueError(f"{where}: needs at least one non-empty user turn (strings)")
+        raise PromptError(f"{where}: needs at least one non-empty user turn (strings)")
     pid = str(row.get("question_id", row.get("id", n)))
     return EvalPrompt(
         id=pid, category=str(row.get("category", "all")), turns=tuple(turns), system=system

@@ -29,13 +29,15 @@ import torch
 from safetensors import safe_open
 from torch import Tensor
 
+from eagle_train.errors import UserError
+
 IDENTITY = "identity.json"
 MANIFEST = "manifest.json"
 FORMAT = "eagle-train-features"
 FORMAT_VERSION = 1
 
 
-class FeatureCacheError(ValueError):
+class FeatureCacheError(UserError, ValueError):
     """A cache that is missing, incomplete, corrupt or made for something else."""
 
 

@@ -16,6 +16,7 @@ from typing import Any, Literal
 
 from transformers import AutoConfig, PretrainedConfig
 
+from eagle_train.errors import UserError
 from eagle_train.target.location import from_pretrained
 
 # What vLLM's target model hands a drafter (its speculative-decoding interfaces):
@@ -50,7 +51,7 @@ VLLM_CAPABILITIES: MappingProxyType[str, tuple[Capability, ...]] = MappingProxyT
 _QK_NORM_MODEL_TYPES = frozenset({"qwen3", "qwen3_moe", "qwen3_vl_text", "qwen3_vl_moe_text"})
 
 
-class TargetError(ValueError):
+class TargetError(UserError, ValueError):
     """The target cannot be used as asked (unknown layout, or vLLM cannot serve it)."""
 
 

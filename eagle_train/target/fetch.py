@@ -25,6 +25,7 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from eagle_train.errors import UserError
 from eagle_train.fsutil import atomic_directory
 
 log = logging.getLogger(__name__)
@@ -36,7 +37,7 @@ DTYPES = ("bf16", "fp32")
 MANIFEST = "fetch.json"
 
 
-class FetchError(RuntimeError):
+class FetchError(UserError, RuntimeError):
     """The model could not be fetched or converted (one line for the user)."""
 
 

@@ -17,6 +17,7 @@ from safetensors import safe_open
 from torch import Tensor, nn
 from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel
 
+from eagle_train.target.description import TargetError
 from eagle_train.target.frozen import FrozenTarget
 
 INDEX = "model.safetensors.index.json"
@@ -32,7 +33,7 @@ def weight_files(path: Path) -> dict[str, Path]:
     if (path / SINGLE).is_file():
         with safe_open(path / SINGLE, framework="pt") as f:
             return {name: path / SINGLE for name in f.keys()}  # noqa: SIM118
-    raise FileNotFoundError(f"{path}: no {SINGLE} or {INDEX} (a safetensors checkpoint)")
+    raise TargetError(f"{path}: no {SINGLE} or {INDEX} (a safetensors checkpoint)")
 
 
 def read_tensors(path: Path, names: list[str]) -> dict[str, Tensor]:
