@@ -33,7 +33,17 @@ class WeightedMean:
         return {k: v / max(self.weight, 1) for k, v in self.sums.items()}
 
 
-class MetricLog:
+class MetricSink:
+    """Where a rank's metrics go: nowhere (ranks other than 0); ``MetricLog`` writes them."""
+
+    def write(self, split: str, step: int, metrics: dict[str, float]) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+class MetricLog(MetricSink):
     """Appends one JSON line per record; mirrors scalars to TensorBoard when enabled.
 
     ``after_step``: a resumed run first drops the records its killed predecessor wrote

@@ -1,9 +1,12 @@
-"""What the training loop (train.py) is set up with: the run directory's lock and resolved
-paths, the checkpoint to resume from, the components (target, feature sources, draft and its
-draft vocabulary), and the validation batches. Rank-aware where ranks must agree."""
+"""What the training loop (train.py) is set up with, as one ``Run``: the checks made before
+anything is loaded, the run directory's lock and resolved paths, the checkpoint to resume
+from, the components (target, feature sources, draft and its draft vocabulary), the wrapped
+model, optimizer and schedule, the metrics sink and the validation batches. Rank-aware where
+ranks must agree."""
 
 from __future__ import annotations
 
+import gc
 import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -12,7 +15,9 @@ from pathlib import Path
 
 import torch
 from torch import nn
+from torch.optim.lr_scheduler import LambdaLR
 
+from eagle_train.acceptance_probe import AcceptanceProbe
 from eagle_train.checkpoint import (
     CheckpointError,
     Resumed,
@@ -22,19 +27,40 @@ from eagle_train.checkpoint import (
     load_for_resume,
     restore_rng_state,
 )
-from eagle_train.config import ConfigError
+from eagle_train.config import ConfigError, dump_config
 from eagle_train.data.loader import Batch, BatchLoader, PreparedData
 from eagle_train.data.store import PreparedDataError
 from eagle_train.data.vocab import TokenCounter, VocabMapping, build_vocab_mapping
 from eagle_train.drafts.base import DraftSpec
-from eagle_train.drafts.registry import get_draft
-from eagle_train.drafts.warm_start import initial_vocab
+from eagle_train.drafts.registry import check_servable, get_draft
+from eagle_train.drafts.warm_start import initial_vocab, warm_start
 from eagle_train.features import feature_sources, load_target
-from eagle_train.fsutil import UnsafePathError, hold_lock, remove_stale_temporaries_in
-from eagle_train.optim import resolve_storage_dtype
-from eagle_train.parallel import DistEnv, all_reduce_sum, gather_objects, load_full_state
+from eagle_train.fsutil import (
+    UnsafePathError,
+    check_output_path,
+    hold_lock,
+    remove_stale_temporaries_in,
+)
+from eagle_train.metrics import MetricLog, MetricSink
+from eagle_train.optim import (
+    PrecisionGuard,
+    build_lr_scheduler,
+    create_optimizer,
+    resolve_storage_dtype,
+)
+from eagle_train.parallel import (
+    DistEnv,
+    all_reduce_sum,
+    barrier,
+    gather_objects,
+    init_distributed,
+    load_full_state,
+    shutdown,
+    wrap_model,
+)
+from eagle_train.preemption import Preemption
 from eagle_train.run_config import RunConfig
-from eagle_train.target import FrozenTarget
+from eagle_train.target import FrozenTarget, load_target_description
 from eagle_train.target.source import FeatureSource
 
 log = logging.getLogger(__name__)
@@ -74,6 +100,120 @@ def build_components(
         layer_ids=layer_ids,
         vocab=vocab,
         device=env.device,
+    )
+
+
+@dataclass
+class Run:
+    """Everything the training loop reads and moves, built once by ``setup_run``."""
+
+    cfg: RunConfig  # paths resolved, data-dependent draft defaults filled in
+    env: DistEnv
+    out: Path  # the run directory
+    c: Components
+    loader: BatchLoader
+    model: nn.Module  # what the loop trains: ``c.draft`` wrapped for DDP or sharded by FSDP2
+    optimizer: torch.optim.Optimizer
+    scheduler: LambdaLR
+    state: TrainerState  # step, loader position, skipped steps, best acceptance
+    guard: PrecisionGuard
+    metrics: MetricSink  # rank 0 writes metrics.jsonl; other ranks' sink does nothing
+    val_batches: list[Batch]
+    probe: AcceptanceProbe
+    params: list[nn.Parameter]  # the trainable ones, for clipping
+    preemption: Preemption
+
+    def close(self) -> None:
+        """After the last step: the last checkpoint exists before any rank returns, and the
+        process group goes."""
+        self.metrics.close()
+        barrier(self.env)
+        # DDP's reducer holds the gloo group; destroying the group under it can deadlock.
+        del self.model
+        gc.collect()
+        shutdown(self.env)
+
+
+@contextmanager
+def open_run(cfg: RunConfig) -> Iterator[Run]:
+    """The run, set up; refused before anything is loaded or written when vLLM could not
+    serve the result. Rank 0 holds the run directory for the whole block: a second run on it
+    is refused, and nothing in it (stale temporaries, metrics, checkpoints) is touched by two
+    runs."""
+    out = check_output_path(cfg.train.output_dir, "train.output_dir")
+    cfg = with_resolved_paths(cfg, out)
+    description = load_target_description(cfg.target.path)
+    check_servable(get_draft(cfg.draft.algorithm), description)
+    check_draft_vocab_size(cfg, description.vocab_size)
+    env = init_distributed(cfg.train.device, cfg.train.dist_timeout_s)
+    with run_lock(out, env), Preemption(announce=env.is_main) as preemption:
+        yield setup_run(cfg, env, out, preemption)
+
+
+def setup_run(cfg: RunConfig, env: DistEnv, out: Path, preemption: Preemption) -> Run:
+    """The config written, the components built, the state restored from the resume point
+    (or the per-rank sampling streams seeded), in the order that makes a resume bit-exact."""
+    data = PreparedData(cfg.data.train)
+    cfg = with_data_defaults(cfg, data.meta)  # before config.yaml is written: it holds the choice
+    resumed = resume_point(cfg, out, env)
+    if env.is_main:
+        out.mkdir(parents=True, exist_ok=True)
+        dump_config(cfg, out / "config.yaml")
+
+    torch.manual_seed(cfg.train.seed)  # the same initial draft on every rank
+    c = build_components(cfg, data, env, resumed.vocab if resumed else None)
+    warm_start(cfg.draft, c.spec, c.draft, c.target.description, fresh=resumed is None)
+    pad_id = c.target.description.pad_token_id or 0  # a multimodal config keeps it in text_config
+    loader = BatchLoader(
+        data,
+        cfg.data.micro_batch_size,
+        cfg.data.seed,
+        pad_id,
+        cfg.data.max_length,
+        rank=env.rank,
+        world_size=env.world_size,
+        grad_accum=cfg.train.grad_accum,
+    )
+    model = wrap_model(c.draft, env, cfg.train.parallel)  # FSDP2 shards c.draft in place
+    optimizer = create_optimizer(c.draft, cfg.optim)
+    scheduler = build_lr_scheduler(optimizer, cfg.optim, cfg.train.max_steps)
+    state = TrainerState(step=0, loader=loader.state, world_size=env.world_size)
+    if resumed is not None:
+        state = restore(resumed, model, optimizer, scheduler, loader, env)
+    else:
+        torch.manual_seed(cfg.train.seed + env.rank)  # per-rank sampling streams
+    guard = PrecisionGuard(enabled=cfg.optim.fp32_master_weights)
+    metrics = (
+        MetricLog(out, cfg.train.tensorboard, after_step=state.step)
+        if env.is_main
+        else MetricSink()
+    )
+    val_batches = validation_batches(cfg, pad_id)
+    probe = AcceptanceProbe(cfg, out)
+    probe.best = state.best_acceptance if state.best_acceptance is not None else probe.best
+    params = [p for p in c.draft.parameters() if p.requires_grad]
+    log.info(
+        "draft %s: %.2fM trainable parameters, target layers %s, %d train rows, "
+        "%d rank(s), starting at step %d",
+        *(cfg.draft.algorithm, sum(p.numel() for p in params) / 1e6, c.layer_ids, len(data)),
+        *(env.world_size, state.step),
+    )
+    return Run(
+        cfg=cfg,
+        env=env,
+        out=out,
+        c=c,
+        loader=loader,
+        model=model,
+        optimizer=optimizer,
+        scheduler=scheduler,
+        state=state,
+        guard=guard,
+        metrics=metrics,
+        val_batches=val_batches,
+        probe=probe,
+        params=params,
+        preemption=preemption,
     )
 
 
@@ -225,13 +365,3 @@ def validation_batches(cfg: RunConfig, pad_id: int) -> list[Batch]:
         val, cfg.data.micro_batch_size, cfg.data.seed, pad_id, cfg.data.max_length, shuffle=False
     )
     return loader.epoch_batches()[: cfg.train.val_batches]
-
-
-def to_device(batch: Batch, device: torch.device) -> Batch:
-    return Batch(
-        input_ids=batch.input_ids.to(device),
-        loss_mask=batch.loss_mask.to(device),
-        attention_mask=batch.attention_mask.to(device),
-        lengths=batch.lengths.to(device),
-        rows=batch.rows,
-    )

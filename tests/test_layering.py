@@ -35,14 +35,16 @@ ALLOWED: dict[str, set[str]] = {
     # which target a run loads and where its features come from (online or a cache)
     "features": {"data", "drafts", "parallel", "run_config", "target"},
     "acceptance_probe": {"evaluate", "export", "run_config"},  # vLLM AL during training
-    # what the loop is set up with: run lock, resume point, components, draft vocabulary
+    # the Run the loop is set up with: checks, run lock, resume point, components, draft
+    # vocabulary, optimizer, metrics sink, acceptance probe
     "train_setup": {
-        *("checkpoint", "config", "data", "drafts", "features", "fsutil", "optim"),
-        *("parallel", "run_config", "target"),
+        *("acceptance_probe", "checkpoint", "config", "data", "drafts", "features", "fsutil"),
+        *("metrics", "optim", "parallel", "preemption", "run_config", "target"),
     },
+    # the loop: imports the Run from train_setup and never calls back into it
     "train": {
-        *("acceptance_probe", "checkpoint", "config", "data", "drafts", "fsutil", "metrics"),
-        *("optim", "parallel", "preemption", "run_config", "target", "train_setup"),
+        *("checkpoint", "data", "drafts", "metrics", "parallel", "preemption", "run_config"),
+        "train_setup",
     },
     "cli": {
         *("checkpoint", "config", "data", "demo", "drafts", "engine", "evaluate"),

@@ -62,9 +62,9 @@ def test_resumed_run_equals_the_uninterrupted_run_bitwise(
 
     real_save = loop._save
 
-    def save_then_stop(root, model, c, optimizer, scheduler, cfg, state, env, keep_last):
-        real_save(root, model, c, optimizer, scheduler, cfg, state, env, keep_last)
-        if state.step == 3:
+    def save_then_stop(run, root, keep_last):
+        real_save(run, root, keep_last)
+        if run.state.step == 3:
             raise Stop  # as if the job were killed right after the checkpoint
 
     cut = tmp_path / "cut"

@@ -85,9 +85,10 @@ def test_loop_refuses_an_optimizer_built_around_create_optimizer(
     tiny_world: Path, tiny_llama_data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ):
     import eagle_train.train as loop
+    import eagle_train.train_setup as setup
 
     monkeypatch.setattr(
-        loop, "create_optimizer", lambda model, cfg: torch.optim.AdamW(model.parameters())
+        setup, "create_optimizer", lambda model, cfg: torch.optim.AdamW(model.parameters())
     )
     cfg = load_config(RunConfig, CONFIG, overrides(tiny_world, tiny_llama_data, tmp_path))
     with pytest.raises(PrecisionError):
