@@ -14,7 +14,13 @@ from typing import Any, Literal, Protocol
 
 import torch
 
-from eagle_train.engine import VllmEngine, vllm_available
+from eagle_train.engine import (
+    VllmEngine,
+    cuda_available,
+    kv_bytes_per_token,
+    preemption_free_size,
+    vllm_available,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -31,6 +37,7 @@ class GenerationSettings:
     pad_token_id: int
     max_model_len: int
     kv_cache_memory_bytes: int | None = None
+    max_num_seqs: int | None = None  # None: as many as the KV cache holds (VllmBackend)
     tensor_parallel_size: int = 1  # GPUs one engine spans
     data_parallel_size: int = 1  # engines, each in its own process on its own GPU(s)
 
@@ -169,12 +176,29 @@ class VllmBackend:
 
     def __init__(self, model: Path, tokenizer: Path, settings: GenerationSettings) -> None:
         self.settings = settings
+        # As many sequences at once as fit the KV cache whole (max_model_len each), so the
+        # engine batches the whole stream continuously and never preempts.
+        size = preemption_free_size(
+            settings.max_num_seqs,
+            settings.kv_cache_memory_bytes,
+            settings.max_model_len,
+            kv_bytes_per_token(model, settings.dtype),
+            cuda_available(),
+        )
+        logger.info(
+            "vLLM engine: %s sequences at once, KV cache %s",
+            size.max_num_seqs or "vLLM's default",
+            f"{size.kv_cache_memory_bytes / 2**20:.0f} MiB"
+            if size.kv_cache_memory_bytes
+            else "sized by vLLM",
+        )
         # The project's engine setup (eager, explicit dtype, in-process engine core).
         self.engine = VllmEngine(
             model,
             dtype=settings.dtype,
             max_model_len=settings.max_model_len,
-            kv_cache_memory_bytes=settings.kv_cache_memory_bytes,
+            kv_cache_memory_bytes=size.kv_cache_memory_bytes,
+            max_num_seqs=size.max_num_seqs,
             seed=settings.seed,
             tokenizer=tokenizer,
             tensor_parallel_size=settings.tensor_parallel_size,

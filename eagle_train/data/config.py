@@ -23,8 +23,9 @@ class RegenerateConfig(StrictModel):
     temperature: float = Field(default=0.0, ge=0.0)  # 0 -> greedy
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
     seed: int = 0
-    # Conversations generated together (their turn-i prompts form one generation batch).
-    batch_size: int = Field(default=64, gt=0)
+    # Conversations handed to the engine together (their turn-i prompts form one stream it
+    # batches continuously); finished ones are written after each such group.
+    batch_size: int = Field(default=256, gt=0)
     # Regenerated records (OpenAI JSONL); None -> "<output_dir>.regenerated.jsonl".
     output_path: Path | None = None
     # Keep records already in output_path (by id) and generate only the rest.
@@ -34,8 +35,12 @@ class RegenerateConfig(StrictModel):
     max_model_len: int | None = Field(default=None, gt=0)
     # A conversation whose last message is a user turn gets a generated answer appended.
     answer_trailing_user: bool = True
-    # vLLM KV-cache size; None -> the engine's default (eagle_train.engine.resolve_kv_cache_bytes).
+    # vLLM's KV cache and its concurrency (sequences scheduled at once), sized together so
+    # that every running request fits whole and none is preempted: None for both -> on CPU
+    # CPU_MAX_NUM_SEQS and a cache that holds them, on GPU vLLM's sizing; one set -> the
+    # other follows (eagle_train.engine.preemption_free_size).
     kv_cache_memory_bytes: int | None = Field(default=None, gt=0)
+    max_num_seqs: int | None = Field(default=None, gt=0)
     # Several GPUs: engines that each hold the whole target, one per GPU (prompts split
     # between them; the output equals one engine's), and/or one engine tensor-parallel
     # over this many GPUs for a target that does not fit on one. Uses dp x tp GPUs.

@@ -217,6 +217,7 @@ def open_backend(cfg: PrepareDataConfig, renderer: ChatRenderer) -> GenerationBa
         pad_token_id=plan.stop_token_ids[0] if pad is None else pad,
         max_model_len=plan.max_model_len,
         kv_cache_memory_bytes=rc.kv_cache_memory_bytes,
+        max_num_seqs=rc.max_num_seqs,
         tensor_parallel_size=rc.tensor_parallel_size,
         data_parallel_size=rc.data_parallel_size,
     )

@@ -56,6 +56,7 @@ class RegenerationReport:
     failed: Counter[str] = field(default_factory=Counter)
     num_generated_turns: int = 0
     num_cut_turns: int = 0  # responses that reached the token limit without a stop token
+    num_generated_tokens: int = 0
     done_ids: set[str] = field(default_factory=set, repr=False)
 
     def summary(self) -> str:
@@ -180,6 +181,8 @@ def regenerate_records(
                     report.failed[conv.status] += 1
             out.flush()
             bar.update(len(batch))
+            elapsed = bar.format_dict["elapsed"] or 1e-9
+            bar.set_postfix(tokens_per_s=f"{report.num_generated_tokens / elapsed:.0f}")
 
 
 def _skip_done(records: Iterable[Record], report: RegenerationReport) -> Iterator[Record]:
@@ -253,6 +256,7 @@ def _generate_turns(
                 renderer, conv.messages[:i], content, conv.record.where
             )
             report.num_generated_turns += 1
+            report.num_generated_tokens += len(gen)
             report.num_cut_turns += int(not stopped and len(gen) >= limit)
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import gc
 import logging
+import os
 import time
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -24,6 +25,58 @@ logger = logging.getLogger(__name__)
 # The one KV-cache default: on CPU vLLM would otherwise reserve ~7 GiB; 256 MiB holds several
 # thousand tokens of a small target. On GPU None lets vLLM size the cache from free memory.
 CPU_KV_CACHE_BYTES = 256 * 2**20
+
+
+# Sequences a CPU engine schedules at once when nothing else is asked: the regeneration
+# ceiling on 2 cores (docs/results/2026-12-01-data-speed.md) is flat from 16 to 64.
+CPU_MAX_NUM_SEQS = 32
+KV_BLOCK_TOKENS = 128  # vLLM's CPU block size; a request holds whole blocks
+_DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
+
+
+def kv_bytes_per_token(model: str | Path, dtype: str) -> int:
+    """KV-cache bytes one token of ``model`` takes (keys and values, every layer)."""
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(str(model))
+    text = getattr(config, "text_config", None) or config
+    heads = text.num_attention_heads
+    head_dim = getattr(text, "head_dim", None) or text.hidden_size // heads
+    kv_heads = getattr(text, "num_key_value_heads", None) or heads
+    return 2 * text.num_hidden_layers * kv_heads * head_dim * _DTYPE_BYTES[dtype]
+
+
+class EngineSize(NamedTuple):
+    max_num_seqs: int | None  # None: vLLM's default
+    kv_cache_memory_bytes: int | None  # None: vLLM's sizing (CUDA)
+
+
+def preemption_free_size(
+    max_num_seqs: int | None,
+    kv_cache_memory_bytes: int | None,
+    request_tokens: int,
+    bytes_per_token: int,
+    cuda: bool,
+) -> EngineSize:
+    """An engine in which ``max_num_seqs`` requests of ``request_tokens`` (prompt + answer)
+    fit the KV cache together, so vLLM never preempts and recomputes a sequence (on 2 cores
+    that costs 10-40x: 10-20 tokens/s with the cache full against 600+ with it half full).
+
+    Neither given: on CUDA vLLM's own sizing; on CPU ``CPU_MAX_NUM_SEQS`` and the cache
+    sized for them (at least ``CPU_KV_CACHE_BYTES``, at most a quarter of the memory). One
+    given: the other follows from it. Both given: kept as asked."""
+    if max_num_seqs is not None and kv_cache_memory_bytes is not None:
+        return EngineSize(max_num_seqs, kv_cache_memory_bytes)
+    if cuda and kv_cache_memory_bytes is None:
+        return EngineSize(max_num_seqs, None)
+    blocks = -(-request_tokens // KV_BLOCK_TOKENS)
+    per_request = blocks * KV_BLOCK_TOKENS * bytes_per_token
+    if kv_cache_memory_bytes is not None:
+        return EngineSize(max(1, kv_cache_memory_bytes // per_request), kv_cache_memory_bytes)
+    seqs = max_num_seqs or CPU_MAX_NUM_SEQS
+    budget = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 4
+    seqs = max(1, min(seqs, budget // per_request))
+    return EngineSize(seqs, max(CPU_KV_CACHE_BYTES, seqs * per_request))
 
 
 def resolve_kv_cache_bytes(requested: int | None, cuda: bool | None = None) -> int | None:
@@ -81,6 +134,7 @@ class VllmEngine:
         tokenizer: str | Path | None = None,
         tensor_parallel_size: int = 1,
         gpu_memory_utilization: float | None = None,
+        max_num_seqs: int | None = None,  # sequences scheduled at once; None: vLLM's default
     ) -> None:
         if dtype == "auto":
             raise ValueError("pass an explicit dtype: vLLM's 'auto' downcasts fp32 checkpoints")
@@ -94,6 +148,8 @@ class VllmEngine:
         self.kwargs.update(engine_defaults(cuda_available(), kv_cache_memory_bytes))
         if gpu_memory_utilization is not None:  # engines sharing a GPU split it
             self.kwargs["gpu_memory_utilization"] = gpu_memory_utilization
+        if max_num_seqs is not None:
+            self.kwargs["max_num_seqs"] = max_num_seqs
         if tensor_parallel_size != 1:
             self.kwargs["tensor_parallel_size"] = tensor_parallel_size
         if max_model_len is not None:  # None: the model's own limit
