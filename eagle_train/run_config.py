@@ -34,6 +34,17 @@ class DataSection(StrictModel):
     micro_batch_size: int = Field(default=4, ge=1)
     max_length: int | None = Field(default=None, ge=8)  # crop sequences (None: as prepared)
     seed: int = 0
+    # Training micro-batches of whole rows of similar length up to max_tokens_per_batch padded
+    # tokens (None: micro_batch_size rows of the mean length), not micro_batch_size rows
+    # padded to the longest (data/packing.py). Validation batches stay micro_batch_size rows.
+    packing: bool = True
+    max_tokens_per_batch: int | None = Field(default=None, ge=1)
+
+    @model_validator(mode="after")
+    def _budget_needs_packing(self) -> DataSection:
+        if self.max_tokens_per_batch is not None and not self.packing:
+            raise ValueError("data.max_tokens_per_batch is set but data.packing is false")
+        return self
 
     @model_validator(mode="before")
     @classmethod

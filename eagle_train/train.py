@@ -20,6 +20,7 @@ from tqdm import tqdm
 
 from eagle_train.checkpoint import capture_rng_state, checkpoint_name, save_checkpoint
 from eagle_train.data.loader import Batch
+from eagle_train.data.packing import meter_metrics
 from eagle_train.drafts.base import loss_parts
 from eagle_train.errors import UserError
 from eagle_train.metrics import WeightedMean, format_metrics
@@ -145,6 +146,8 @@ class _Window:
             tokens_per_s=total_tokens / max(elapsed, 1e-9),
             skipped_steps=run.state.skipped_steps,
         )
+        sums = all_reduce_sum(run.loader.meter.take(), run.env)
+        metrics.update(meter_metrics(sums, elapsed, run.loader.data.source_names))
         return metrics
 
 

@@ -29,6 +29,7 @@ from eagle_train.checkpoint import (
 )
 from eagle_train.config import ConfigError, dump_config
 from eagle_train.data.loader import Batch, BatchLoader, PreparedData
+from eagle_train.data.packing import packing_budget
 from eagle_train.data.store import PreparedDataError
 from eagle_train.data.vocab import TokenCounter, VocabMapping, build_vocab_mapping
 from eagle_train.drafts.base import DraftSpec
@@ -173,6 +174,13 @@ def setup_run(cfg: RunConfig, env: DistEnv, out: Path, preemption: Preemption) -
         rank=env.rank,
         world_size=env.world_size,
         grad_accum=cfg.train.grad_accum,
+        max_tokens=packing_budget(
+            cfg.data.packing,
+            cfg.data.max_tokens_per_batch,
+            cfg.data.micro_batch_size,
+            data.rows,
+            cfg.data.max_length,
+        ),
     )
     model = wrap_model(c.draft, env, cfg.train.parallel)  # FSDP2 shards c.draft in place
     optimizer = create_optimizer(c.draft, cfg.optim)

@@ -1,6 +1,9 @@
 """Micro-batches from a prepared dataset: seeded shuffling, right padding, a resumable position.
 
-Each epoch is a fresh permutation drawn from ``seed + epoch``, cut into global micro-batches;
+Each epoch is a fresh permutation drawn from ``seed + epoch`` (a mixture of datasets draws its
+rows by weight, data/mixture.py), cut into global micro-batches of ``batch_size`` rows, or,
+with ``max_tokens`` (packing, data/packing.py), of whole rows of similar length up to that many
+padded tokens;
 rank r takes micro-batches r, r + W, r + 2W, ... So every rank sees a disjoint shard, and W
 ranks at one micro-step see exactly the micro-batches that one process with
 ``grad_accum = W`` sees in one step (epochs hold whole steps, so this holds across epochs). The position (epoch, global micro-batches consumed)
@@ -16,6 +19,7 @@ import torch
 from torch import Tensor
 
 from eagle_train.data.errors import DataError
+from eagle_train.data.packing import BatchMeter, pack, row_stats
 from eagle_train.data.store import PreparedDataError, load_prepared, read_meta
 from eagle_train.data.vocab import COUNTS_FILE, VOCAB_FILE, load_token_counts, load_vocab_mapping
 
@@ -46,6 +50,18 @@ class PreparedData:
 
     def __len__(self) -> int:
         return len(self.rows)
+
+    @property
+    def source_names(self) -> list[str]:
+        return [self.path.name]
+
+    def source_of(self, rows: Tensor) -> Tensor:
+        """(B,) index of the source each dataset row comes from (one source: zeros)."""
+        return torch.zeros(len(rows), dtype=torch.long)
+
+    def epoch_order(self, gen: torch.Generator) -> list[int]:
+        """One epoch's rows in training order (a permutation of all rows)."""
+        return torch.randperm(len(self), generator=gen).tolist()
 
 
 def _token_counts(path: Path) -> Tensor | None:
@@ -81,44 +97,56 @@ class BatchLoader:
         world_size: int = 1,
         shuffle: bool = True,
         grad_accum: int = 1,
+        max_tokens: int | None = None,
     ) -> None:
         # An epoch is a whole number of optimizer steps (world_size x grad_accum micro-batches
         # each), so no step straddles two epochs, and W ranks x A accumulation steps see the
         # same stream as one process with grad_accum = W x A, epoch after epoch.
-        per_step = world_size * grad_accum
-        steps = len(data) // batch_size // per_step
-        if steps < 1:
+        self.data, self.batch_size, self.seed = data, batch_size, seed
+        self.pad_id, self.max_length, self.max_tokens = pad_id, max_length, max_tokens
+        self.rank, self.world_size, self.shuffle = rank, world_size, shuffle
+        self.per_step = world_size * grad_accum
+        self.lengths = row_stats(data.rows, max_length)[0] if max_tokens is not None else None
+        self.state = LoaderState()
+        self.meter = BatchMeter(len(data.source_names))
+        self._epoch: tuple[int, list[list[int]]] | None = None  # (epoch, its micro-batches)
+        if self.batches_per_epoch < 1:
+            what = f"of {batch_size}" if max_tokens is None else f"packed to {max_tokens} tokens"
             raise DataError(
-                f"{data.path}: {len(data)} rows cannot fill one step of {per_step} micro-batch(es) "
-                f"of {batch_size} ({world_size} rank(s) x grad_accum {grad_accum})",
+                f"{data.path}: {len(data)} rows cannot fill one step of {self.per_step} "
+                f"micro-batch(es) {what} ({world_size} rank(s) x grad_accum {grad_accum})",
                 reason="config",
             )
-        self.data, self.batch_size, self.seed = data, batch_size, seed
-        self.pad_id, self.max_length = pad_id, max_length
-        self.rank, self.world_size, self.shuffle = rank, world_size, shuffle
-        self.batches_per_epoch = steps * per_step  # global micro-batches
-        self.state = LoaderState()
-        self._epoch_order: tuple[int, list[int]] | None = None  # (epoch, this rank's order)
 
-    def _order(self, epoch: int) -> list[int]:
-        """The row order of ``epoch``, computed once per epoch."""
-        if self._epoch_order is None or self._epoch_order[0] != epoch:
-            n = len(self.data)
-            if self.shuffle:
-                gen = torch.Generator().manual_seed(self.seed + epoch)
-                order = torch.randperm(n, generator=gen).tolist()
+    @property
+    def batches_per_epoch(self) -> int:
+        """Global micro-batches of the current epoch (a whole number of steps)."""
+        return len(self._batches(self.state.epoch))
+
+    def _batches(self, epoch: int) -> list[list[int]]:
+        """The micro-batches (dataset rows) of ``epoch``, all ranks', computed once per epoch."""
+        if self._epoch is None or self._epoch[0] != epoch:
+            gen = torch.Generator().manual_seed(self.seed + epoch)
+            order = self.data.epoch_order(gen) if self.shuffle else list(range(len(self.data)))
+            if self.lengths is None or self.max_tokens is None:
+                size = self.batch_size
+                batches = [order[i : i + size] for i in range(0, len(order) - size + 1, size)]
             else:
-                order = list(range(n))
-            self._epoch_order = (epoch, order)
-        return self._epoch_order[1]
+                batches = pack(order, self.lengths, self.max_tokens, gen)
+            self._epoch = (epoch, batches[: len(batches) // self.per_step * self.per_step])
+        return self._epoch[1]
 
     def next(self) -> Batch:
         if self.state.offset >= self.batches_per_epoch:
             self.state = LoaderState(epoch=self.state.epoch + 1, offset=0)
-        order = self._order(self.state.epoch)
-        start = (self.state.offset + self.rank) * self.batch_size
+        batches = self._batches(self.state.epoch)
+        if not batches:
+            raise DataError(f"{self.data.path}: epoch {self.state.epoch} holds no whole step")
+        indices = batches[self.state.offset + self.rank]
         self.state.offset += self.world_size
-        return self.collate(order[start : start + self.batch_size])
+        batch = self.collate(indices)
+        self.meter.add(batch.loss_mask, batch.lengths, self.data.source_of(batch.rows))
+        return batch
 
     def collate(self, indices: list[int]) -> Batch:
         rows = self.data.rows[indices]
