@@ -49,7 +49,7 @@ def feature_sources(
     if cfg.data.features is None:
         online = OnlineFeatures(target, layer_ids)
         return online, online
-    splits = [("train", cfg.data.train)] + ([("val", cfg.data.val)] if cfg.data.val else [])
+    splits = [("train", cfg.data.train_dir)] + ([("val", cfg.data.val)] if cfg.data.val else [])
     sources = []
     for split, data in splits:
         cache = FeatureCache(Path(cfg.data.features) / split)
@@ -71,7 +71,7 @@ def prepare_features(cfg: RunConfig, settings: ExtractSettings) -> list[SplitRep
         )
         layer_ids = get_draft(cfg.draft.algorithm).target_layer_ids(cfg.draft, target.description)
         target.check_layer_ids(layer_ids)
-        splits = [("train", cfg.data.train)] + ([("val", cfg.data.val)] if cfg.data.val else [])
+        splits = [("train", cfg.data.train_dir)] + ([("val", cfg.data.val)] if cfg.data.val else [])
         reports = []
         for split, data in splits:
             reports.append(_prepare_split(cfg, target, layer_ids, split, Path(data), settings, env))

@@ -25,8 +25,15 @@ class TargetSection(StrictModel):
     shard: bool = False
 
 
+class DataSource(StrictModel):
+    path: Path  # a prepare-data output directory
+    weight: float = Field(gt=0)  # its share of each epoch's rows (weights need not sum to 1)
+
+
 class DataSection(StrictModel):
-    train: Path  # a prepare-data output directory
+    # A prepare-data output directory, or several mixed by weight, [{path, weight}, ...]:
+    # each epoch draws every source's share of rows (data/mixture.py).
+    train: Path | list[DataSource]
     val: Path | None = None
     # A prepare-features directory: features are read from it (train/, and val/ when val is
     # set) instead of running the target; only the target's head and embeddings are loaded.
@@ -44,6 +51,29 @@ class DataSection(StrictModel):
     def _budget_needs_packing(self) -> DataSection:
         if self.max_tokens_per_batch is not None and not self.packing:
             raise ValueError("data.max_tokens_per_batch is set but data.packing is false")
+        return self
+
+    @property
+    def train_dir(self) -> Path:
+        """``train`` as one directory (a feature cache is built for one; the validator below
+        refuses a cache with a mixture)."""
+        if not isinstance(self.train, Path):
+            raise ValueError("data.train: a mixture has no single directory")
+        return self.train
+
+    @model_validator(mode="after")
+    def _mixture_sources(self) -> DataSection:
+        if isinstance(self.train, list):
+            paths = [s.path for s in self.train]
+            if not paths:
+                raise ValueError("data.train: expected a directory or at least one {path, weight}")
+            if len(set(paths)) < len(paths):
+                raise ValueError("data.train: a source is listed twice (merge its weights)")
+            if self.features is not None:
+                raise ValueError(
+                    "data.features: a feature cache holds one dataset's rows; a data.train "
+                    "mixture trains online (unset data.features)"
+                )
         return self
 
     @model_validator(mode="before")

@@ -29,6 +29,7 @@ from eagle_train.checkpoint import (
 )
 from eagle_train.config import ConfigError, dump_config
 from eagle_train.data.loader import Batch, BatchLoader, PreparedData
+from eagle_train.data.mixture import open_training_data
 from eagle_train.data.packing import packing_budget
 from eagle_train.data.store import PreparedDataError
 from eagle_train.data.vocab import TokenCounter, VocabMapping, build_vocab_mapping
@@ -154,7 +155,7 @@ def open_run(cfg: RunConfig) -> Iterator[Run]:
 def setup_run(cfg: RunConfig, env: DistEnv, out: Path, preemption: Preemption) -> Run:
     """The config written, the components built, the state restored from the resume point
     (or the per-rank sampling streams seeded), in the order that makes a resume bit-exact."""
-    data = PreparedData(cfg.data.train)
+    data = open_training_data(cfg.data.train, cfg.data.max_length)
     cfg = with_data_defaults(cfg, data.meta)  # before config.yaml is written: it holds the choice
     resumed = resume_point(cfg, out, env)
     if env.is_main:
@@ -250,7 +251,9 @@ def with_resolved_paths(cfg: RunConfig, out: Path) -> RunConfig:
             "target": cfg.target.model_copy(update={"path": resolved(cfg.target.path)}),
             "data": cfg.data.model_copy(
                 update={
-                    "train": resolved(cfg.data.train),
+                    "train": resolved(cfg.data.train)
+                    if isinstance(cfg.data.train, Path)
+                    else [s.model_copy(update={"path": resolved(s.path)}) for s in cfg.data.train],
                     "val": resolved(cfg.data.val),
                     "features": resolved(cfg.data.features),
                 }
