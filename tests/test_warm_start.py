@@ -188,7 +188,7 @@ def test_another_vocabulary_size_moves_head_rows_by_target_id(llama: FrozenTarge
     ("overrides", "algorithm", "needle"),
     [
         (["draft.aux_layer_ids=[0,1,2]"], "eagle3", "eagle_aux_hidden_state_layer_ids"),
-        (["draft.layer_style=qwen3"], "eagle3", "draft.layer_style"),
+        (["draft.qk_norm=true"], "eagle3", "draft.qk_norm"),
         ([], "dflash", "draft.algorithm is 'dflash'"),
         ([], "peagle", "draft.algorithm is 'peagle'"),
     ],
