@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from draft_cases import ALGORITHMS, has_field
 from transformers import LlamaForCausalLM, Qwen3ForCausalLM
 from typer.testing import CliRunner
 
@@ -26,6 +27,7 @@ from eagle_train.target import FrozenTarget
 from eagle_train.train_setup import with_data_defaults
 
 REPO = Path(__file__).resolve().parents[1]
+QK_NORM = [a for a in ALGORITHMS if has_field(a, "qk_norm")]  # the drafts with the switch
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU default")
@@ -87,7 +89,7 @@ def test_the_old_draft_vocabulary_keys_say_where_the_knob_moved(tmp_path: Path) 
     assert "Traceback" not in result.output and not (tmp_path / "out").exists()
 
 
-@pytest.mark.parametrize("algorithm", ["eagle3", "peagle"])
+@pytest.mark.parametrize("algorithm", QK_NORM)
 def test_the_old_layer_style_key_says_it_moved_to_qk_norm(algorithm: str, tmp_path: Path) -> None:
     """draft.layer_style (llama/qwen3/auto) is draft.qk_norm now: the old key in a user's
     file is one line naming file, line and the new key (exit 2, nothing written)."""
@@ -112,7 +114,8 @@ def test_a_checkpoint_written_with_layer_style_reads_as_qk_norm(tmp_path: Path) 
     """Every EAGLE-3 and P-EAGLE checkpoint written before the rename holds
     draft.layer_style (dump_config writes "auto" when unset): export-draft and resume read
     it as the q/k norm switch it was."""
-    for algorithm in ("eagle3", "peagle"):
+    assert QK_NORM, "no draft config has draft.qk_norm"
+    for algorithm in QK_NORM:
         old = yaml.safe_load(
             (REPO / "configs" / "train" / f"{algorithm}-llama-demo.yaml").read_text()
         )
@@ -124,7 +127,7 @@ def test_a_checkpoint_written_with_layer_style_reads_as_qk_norm(tmp_path: Path) 
             assert stored_config(tmp_path).draft.qk_norm is qk_norm, (algorithm, style)
 
 
-@pytest.mark.parametrize("algorithm", ["eagle3", "peagle"])
+@pytest.mark.parametrize("algorithm", QK_NORM)
 @pytest.mark.parametrize("family", ["llama", "qwen3"])
 def test_qk_norm_unset_follows_the_target_and_set_overrides_it(algorithm: str, family: str) -> None:
     """The draft normalises q and k where the target's attention does (transformers' own
@@ -138,7 +141,7 @@ def test_qk_norm_unset_follows_the_target_and_set_overrides_it(algorithm: str, f
     assert targets_norm is (family == "qwen3")
     path = REPO / "configs" / "train" / f"{algorithm}-{family}-demo.yaml"
     sets = ["target.path=t", "data.train=d"]
-    sets += ["draft.mask_token_id=3"] if algorithm == "peagle" else []  # no tokenizer here
+    sets += ["draft.mask_token_id=3"] if has_field(algorithm, "mask_token_id") else []
     spec = get_draft(algorithm)
     for setting, expected in (("null", targets_norm), ("true", True), ("false", False)):
         draft = load_config(RunConfig, path, [*sets, f"draft.qk_norm={setting}"]).draft
