@@ -119,6 +119,25 @@ def test_declared_layers_have_no_cycle() -> None:
     assert order.index("engine") < order.index("evaluate") < order.index("run_config")
 
 
+def module_graph() -> dict[str, set[str]]:
+    """Each module of the package (``eagle_train.data.backends``; a package by its own name)
+    and the package modules it imports."""
+    graph: dict[str, set[str]] = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+        graph[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = imported_modules(path)
+    return {name: {m for m in found if m in graph and m != name} for name, found in graph.items()}
+
+
+def test_modules_import_each_other_in_one_direction() -> None:
+    """Inside a room too: two modules that import each other (once data/backends.py and
+    data/engines.py, the second lazily) cannot be read or tested one without the other."""
+    try:
+        list(TopologicalSorter(module_graph()).static_order())
+    except CycleError as exc:
+        raise AssertionError(f"modules import each other: {' -> '.join(exc.args[1])}") from exc
+
+
 def test_the_checker_sees_lazy_imports(tmp_path: Path) -> None:
     source = tmp_path / "m.py"
     source.write_text("def f():\n    from eagle_train.drafts.base import StepResult\n")
