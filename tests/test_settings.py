@@ -106,7 +106,10 @@ def test_the_old_layer_style_key_says_it_moved_to_qk_norm(algorithm: str, tmp_pa
     assert result.output.startswith("error: invalid config:\n"), result.output
     errors = result.output.strip().splitlines()[1:]
     assert len(errors) == 1 and errors[0].strip().startswith(f"{old}:{line}: "), result.output
-    assert "draft.layer_style moved to draft.qk_norm (qwen3 is qk_norm: true" in errors[0]
+    assert (
+        f"{old}:{line}: key 'draft': Value error, draft.layer_style moved to draft.qk_norm "
+        "(qwen3 is qk_norm: true" in errors[0]
+    )
     assert "Traceback" not in result.output and not (tmp_path / "out").exists()
 
 
