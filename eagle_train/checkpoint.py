@@ -212,10 +212,14 @@ def load_for_resume(path: Path) -> Resumed:
     )
 
 
+# draft.layer_style of a checkpoint written before it became draft.qk_norm.
+_QK_NORM_OF_LAYER_STYLE = {"auto": None, "llama": False, "qwen3": True}
+
+
 def stored_config(path: Path) -> RunConfig:
-    """A checkpoint's run config. One written before the draft vocabulary size became the
-    draft's (``draft.draft_vocab_size``) holds ``data.draft_vocab_size`` (null unless set):
-    read as if written now, the size moved to the draft that has a vocabulary."""
+    """A checkpoint's run config, read as if written now where an older version wrote it:
+    ``data.draft_vocab_size`` (null unless set) moved to the draft that has a vocabulary
+    (``draft.draft_vocab_size``), ``draft.layer_style`` became ``draft.qk_norm``."""
     file = path / "config.yaml"
     data, lines = read_yaml(file)
     section = data.get("data")
@@ -223,6 +227,10 @@ def stored_config(path: Path) -> RunConfig:
     draft = data.get("draft")
     if size is not None and isinstance(draft, dict) and "draft_vocab_size" not in draft:
         draft["draft_vocab_size"] = size
+    style = draft.get("layer_style") if isinstance(draft, dict) else None
+    if style in _QK_NORM_OF_LAYER_STYLE and "qk_norm" not in draft:
+        draft.pop("layer_style")
+        draft["qk_norm"] = _QK_NORM_OF_LAYER_STYLE[style]
     return validate_config(RunConfig, data, str(file), lines)
 
 

@@ -155,7 +155,7 @@ def format_validation_error(
     """One line per error: where it came from (file:line or the --set), key, expectation."""
     messages = []
     for err in exc.errors():
-        loc = _strip_union_tags(tuple(str(p) for p in err["loc"]), data)
+        loc = _strip_union_tags(tuple(str(p) for p in err["loc"]), data, err["type"] == "missing")
         key = ".".join(loc) or "<root>"
         line = _nearest_line(loc, lines)
         where = f"{source}:{line}" if line else source
@@ -174,14 +174,15 @@ def format_validation_error(
     return "invalid config:\n  " + "\n  ".join(messages)
 
 
-def _strip_union_tags(loc: tuple[str, ...], data: Any) -> tuple[str, ...]:
+def _strip_union_tags(loc: tuple[str, ...], data: Any, missing: bool = False) -> tuple[str, ...]:
     """Drop the tags pydantic inserts into the location of an error inside a discriminated
-    union (``draft.<tag>.block_size`` -> ``draft.block_size``, the key the user wrote): a
-    non-final part that is not a key of the input at that point."""
+    union (``draft.<tag>.block_size`` -> ``draft.block_size``, the key the user wrote;
+    ``draft.<tag>`` -> ``draft`` for the section's own validator): a part that is not a key
+    of the input at that point (the last one is, unless the error is that it is missing)."""
     out: list[str] = []
     node = data
     for i, part in enumerate(loc):
-        if isinstance(node, dict) and part not in node and i < len(loc) - 1:
+        if isinstance(node, dict) and part not in node and (i < len(loc) - 1 or not missing):
             continue
         out.append(part)
         if isinstance(node, dict):

@@ -138,6 +138,22 @@ def test_draft_union_errors_name_the_key_without_the_algorithm_tag(tmp_path: Pat
     assert "--set 'draft.bogus=1': unknown key 'draft.bogus'" in str(err.value)
 
 
+def test_a_draft_sections_own_check_names_the_section_not_the_tag(tmp_path: Path) -> None:
+    """A draft config's model validator fails at ``draft.<algorithm>`` in pydantic's
+    location: the message names ``draft`` (the key the user wrote), at its line in the file
+    or on the --set that broke it (it once read ``key 'draft.peagle'``, at the file)."""
+    text = (REPO / "configs" / "train" / "peagle-llama-demo.yaml").read_text()
+    line = text.splitlines().index("draft:") + 1
+    bad = write(tmp_path, text.replace("min_keep_ratio: 0.2", "min_keep_ratio: 0.9"))
+    with pytest.raises(ConfigError) as err:
+        load_config(RunConfig, bad)
+    assert f"{bad}:{line}: key 'draft': Value error, draft.min_keep_ratio 0.9" in str(err.value)
+    good = write(tmp_path, text)
+    with pytest.raises(ConfigError) as err:
+        load_config(RunConfig, good, ["draft.min_keep_ratio=0.9"])
+    assert "--set 'draft.min_keep_ratio=0.9': key 'draft': Value error" in str(err.value)
+
+
 def test_an_unknown_section_made_by_a_set_is_blamed_on_the_set(tmp_path: Path) -> None:
     """issue 18: ``--set foo.bar=1`` was reported at the config file, which has no ``foo``."""
     path = write(tmp_path, "name: a\n")

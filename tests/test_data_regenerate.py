@@ -11,7 +11,7 @@ from data_fixtures import build_tiny_llama, build_tokenizer, chat, write_jsonl
 
 from eagle_train.data import DataError, PrepareDataConfig, load_prepared, prepare_data, read_meta
 from eagle_train.data import prepare as prepare_module
-from eagle_train.data.backends import cut_at_stop
+from eagle_train.data.generation import cut_at_stop
 
 CONVERSATIONS = [
     {"id": "two-turns", "messages": chat("Hello there", "old answer", "Sort 3 1 2", "old 1 2 3")},

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import REPO
+from draft_cases import ALGORITHMS, has_field
 from safetensors.torch import load_file
 
 from eagle_train.config import load_config
@@ -47,7 +48,7 @@ def loss_of(spec, draft, cfg, target: FrozenTarget) -> torch.Tensor:
         return spec.compute_loss(draft, features, batch, cfg).loss
 
 
-@pytest.mark.parametrize("algorithm", ["eagle1", "eagle3", "peagle", "dflash"])
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
 def test_export_loads_back_and_computes_the_same(
     algorithm: str, family_target: tuple[str, FrozenTarget], tmp_path: Path
 ) -> None:
@@ -59,7 +60,7 @@ def test_export_loads_back_and_computes_the_same(
             f"target.path={target.model.name_or_path}",
             "target.dtype=float32",  # an fp32 export: the comparison can be exact
             "data.train=unused",
-            *(["draft.loss_target=hard"] if algorithm == "dflash" else []),  # no data to read
+            *(["draft.loss_target=hard"] if has_field(algorithm, "loss_target") else []),
         ],
     )
     spec = get_draft(algorithm)

@@ -6,8 +6,23 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from draft_cases import ALGORITHM_NAME as ALGORITHM
+from draft_cases import ALGORITHMS
+
 PACKAGE = Path(__file__).resolve().parents[1] / "eagle_train"
-ALGORITHM = re.compile(r"eagle[-_ ]?[13]|p-?eagle|dflash", re.IGNORECASE)
+
+
+def test_the_name_pattern_catches_every_spelling() -> None:
+    """The pattern comes from the registry: each name in its usual spellings, and not the
+    package's own name or vLLM's method "eagle" (EAGLE-1's), which code may write."""
+    assert ALGORITHMS, "the registry is empty"
+    for name in ALGORITHMS:
+        for spelling in (name, name.upper(), f"x = {name.title()}Draft()"):
+            assert ALGORITHM.search(spelling), spelling
+    for spelling in ("EAGLE-3", "eagle_1", "Eagle 3", "P-EAGLE", "p_eagle", "DFlash"):
+        assert ALGORITHM.search(spelling), spelling
+    for ok in ("import eagle_train.data", 'method = "eagle"', "EAGLE family", "flash_attn"):
+        assert not ALGORITHM.search(ok), ok
 
 
 def test_no_algorithm_names_outside_drafts() -> None:

@@ -1,6 +1,7 @@
 """One schema per setting: the KV-cache default, the acceptance settings shared by
 eval-acceptance and train.acceptance, the draft-vocabulary size (the draft's own knob), and
-DFlash's loss target resolved from the training data."""
+DFlash's loss target resolved from the training data, the q/k norm switch (once
+draft.layer_style)."""
 
 from __future__ import annotations
 
@@ -9,17 +10,24 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from draft_cases import ALGORITHMS, has_field
+from transformers import LlamaForCausalLM, Qwen3ForCausalLM
 from typer.testing import CliRunner
 
 from eagle_train.checkpoint import stored_config
 from eagle_train.cli import app, train_draft_app
 from eagle_train.config import ConfigError, load_config
+from eagle_train.demo.build import DemoConfig
+from eagle_train.demo.targets import target_config
+from eagle_train.drafts.registry import get_draft
 from eagle_train.engine import VllmEngine, resolve_kv_cache_bytes
 from eagle_train.evaluate.settings import AcceptanceSettings, EvalSettings, TrainAcceptance
 from eagle_train.run_config import RunConfig
+from eagle_train.target import FrozenTarget
 from eagle_train.train_setup import with_data_defaults
 
 REPO = Path(__file__).resolve().parents[1]
+QK_NORM = [a for a in ALGORITHMS if has_field(a, "qk_norm")]  # the drafts with the switch
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU default")
@@ -79,6 +87,72 @@ def test_the_old_draft_vocabulary_keys_say_where_the_knob_moved(tmp_path: Path) 
         "run config as draft.draft_vocab_size" in result.output
     )
     assert "Traceback" not in result.output and not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("algorithm", QK_NORM)
+def test_the_old_layer_style_key_says_it_moved_to_qk_norm(algorithm: str, tmp_path: Path) -> None:
+    """draft.layer_style (llama/qwen3/auto) is draft.qk_norm now: the old key in a user's
+    file is one line naming file, line and the new key (exit 2, nothing written)."""
+    cfg = yaml.safe_load((REPO / "configs" / "train" / f"{algorithm}-llama-demo.yaml").read_text())
+    cfg["target"]["path"], cfg["data"]["train"] = "t", "d"
+    cfg["train"]["output_dir"] = str(tmp_path / "out")
+    cfg["draft"]["layer_style"] = "qwen3"
+    old = tmp_path / "old.yaml"
+    old.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    line = old.read_text().splitlines().index("draft:") + 1  # the section holding it
+    result = CliRunner().invoke(train_draft_app, ["-c", str(old)])
+    assert result.exit_code == 2, result.output
+    # the CLI's config error: its heading, then one line per error
+    assert result.output.startswith("error: invalid config:\n"), result.output
+    errors = result.output.strip().splitlines()[1:]
+    assert len(errors) == 1 and errors[0].strip().startswith(f"{old}:{line}: "), result.output
+    assert (
+        f"{old}:{line}: key 'draft': Value error, draft.layer_style moved to draft.qk_norm "
+        "(qwen3 is qk_norm: true" in errors[0]
+    )
+    assert "Traceback" not in result.output and not (tmp_path / "out").exists()
+
+
+def test_a_checkpoint_written_with_layer_style_reads_as_qk_norm(tmp_path: Path) -> None:
+    """Every EAGLE-3 and P-EAGLE checkpoint written before the rename holds
+    draft.layer_style (dump_config writes "auto" when unset): export-draft and resume read
+    it as the q/k norm switch it was."""
+    assert QK_NORM, "no draft config has draft.qk_norm"
+    for algorithm in QK_NORM:
+        old = yaml.safe_load(
+            (REPO / "configs" / "train" / f"{algorithm}-llama-demo.yaml").read_text()
+        )
+        old["target"]["path"], old["data"]["train"] = "t", "d"
+        old["draft"].pop("qk_norm", None)
+        for style, qk_norm in (("auto", None), ("llama", False), ("qwen3", True)):
+            old["draft"]["layer_style"] = style
+            (tmp_path / "config.yaml").write_text(yaml.safe_dump(old))
+            assert stored_config(tmp_path).draft.qk_norm is qk_norm, (algorithm, style)
+
+
+@pytest.mark.parametrize("algorithm", QK_NORM)
+@pytest.mark.parametrize("family", ["llama", "qwen3"])
+def test_qk_norm_unset_follows_the_target_and_set_overrides_it(algorithm: str, family: str) -> None:
+    """The draft normalises q and k where the target's attention does (transformers' own
+    modules have q_norm), or as draft.qk_norm says; vLLM then reads the matching layer."""
+    shape = load_config(DemoConfig, REPO / "configs" / "demo" / "default.yaml").shape
+    config = target_config(family, shape, vocab_size=2048, bos=1, eos=2, pad=0)
+    torch.manual_seed(0)
+    model = (LlamaForCausalLM if family == "llama" else Qwen3ForCausalLM)(config)
+    target = FrozenTarget(model)
+    targets_norm = hasattr(model.model.layers[0].self_attn, "q_norm")
+    assert targets_norm is (family == "qwen3")
+    path = REPO / "configs" / "train" / f"{algorithm}-{family}-demo.yaml"
+    sets = ["target.path=t", "data.train=d"]
+    sets += ["draft.mask_token_id=3"] if has_field(algorithm, "mask_token_id") else []
+    spec = get_draft(algorithm)
+    for setting, expected in (("null", targets_norm), ("true", True), ("false", False)):
+        draft = load_config(RunConfig, path, [*sets, f"draft.qk_norm={setting}"]).draft
+        state = spec.build(draft, target, None).state_dict()
+        assert ("layers.0.self_attn.q_norm.weight" in state) is expected, setting
+        assert ("layers.0.self_attn.k_norm.weight" in state) is expected, setting
+        exported = spec.to_vllm(state, draft, target.description).config
+        assert exported["model_type"] == ("qwen3" if expected else "llama"), setting
 
 
 def test_eval_acceptance_takes_config_and_set(tmp_path: Path) -> None:

@@ -9,31 +9,29 @@ from pathlib import Path
 
 import pytest
 import torch
+from draft_cases import ALGORITHMS, has_field, has_speculators_format
 from perfect_drafter import AUX_LAYER_IDS, build_identity_target, build_perfect_eagle3
 from safetensors.torch import load_file
 from target_families import build_family_target
 
 from eagle_train.config import load_config
-from eagle_train.drafts.registry import get_draft
+from eagle_train.drafts.registry import DRAFTS, get_draft
 from eagle_train.export import ExportError, export_state, serving_config
 from eagle_train.run_config import RunConfig
 from eagle_train.target import FrozenTarget
 
 REPO = Path(__file__).resolve().parents[1]
 MASK = 5  # a token id of the tiny family target's vocabulary
-DRAFTS = {
-    "eagle3": ["draft.aux_layer_ids=[1, 2, 3]", "draft.ttt_steps=3"],
-    "peagle": ["draft.aux_layer_ids=[1, 2, 3]", f"draft.mask_token_id={MASK}"],
-    "dflash": ["draft.target_layer_ids=[0, 1, 2]", f"draft.mask_token_id={MASK}"],
-    "eagle1": [],
-}
+# Whether vLLM reads a speculators-format drafter of each algorithm (the demo configs' target
+# layers fit the 4-layer tiny family target).
+SPECULATORS = [a for a in ALGORITHMS if has_speculators_format(DRAFTS[a])]
+NO_SPECULATORS = [a for a in ALGORITHMS if a not in SPECULATORS]
 
 
 def run_config(algorithm: str, target: Path, overrides: list[str]) -> RunConfig:
-    family = "qwen3" if algorithm == "dflash" else "llama"
     return load_config(
         RunConfig,
-        REPO / "configs" / "train" / f"{algorithm}-{family}-demo.yaml",
+        REPO / "configs" / "train" / f"{algorithm}-llama-demo.yaml",
         [f"target.path={target}", "target.dtype=float32", *overrides],
     )
 
@@ -44,7 +42,8 @@ def llama_target(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def export_both(algorithm: str, target: Path, out: Path) -> tuple[Path, Path]:
-    cfg = run_config(algorithm, target, DRAFTS[algorithm])
+    sets = [f"draft.mask_token_id={MASK}"] if has_field(algorithm, "mask_token_id") else []
+    cfg = run_config(algorithm, target, sets)
     spec = get_draft(algorithm)
     torch.manual_seed(0)
     state = spec.build(cfg.draft, FrozenTarget.from_pretrained(target, torch.float32), None)
@@ -58,7 +57,7 @@ def export_both(algorithm: str, target: Path, out: Path) -> tuple[Path, Path]:
 
 
 @pytest.mark.vllm
-@pytest.mark.parametrize("algorithm", ["eagle3", "peagle", "dflash"])
+@pytest.mark.parametrize("algorithm", SPECULATORS)
 def test_vllm_reads_the_native_drafter_back(
     algorithm: str, llama_target: Path, tmp_path: Path
 ) -> None:
@@ -92,7 +91,7 @@ def test_vllm_reads_the_native_drafter_back(
             assert loaded[key]["causal"] is False  # DFlash attends its block both ways
             continue
         assert loaded.get(key) == value, key
-    if algorithm == "dflash":
+    if "dflash_config" in native:  # vLLM's speculators type counts layers from 1
         ids = native["dflash_config"]["target_layer_ids"]
         assert loaded["eagle_aux_hidden_state_layer_ids"] == [i + 1 for i in ids]
     serving = json.loads((native_dir / "eagle_train.json").read_text())["serving"]
@@ -106,9 +105,12 @@ def test_vllm_reads_the_native_drafter_back(
     assert all(torch.equal(native_t[n], spec_t[n]) for n in native_t)
 
 
-def test_eagle1_has_no_speculators_format_in_vllm(llama_target: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("algorithm", NO_SPECULATORS)
+def test_no_speculators_format_where_vllm_reads_none(
+    algorithm: str, llama_target: Path, tmp_path: Path
+) -> None:
     with pytest.raises(ExportError, match="--format vllm"):
-        export_both("eagle1", llama_target, tmp_path)
+        export_both(algorithm, llama_target, tmp_path)
     assert not (tmp_path / "spec").exists()
 
 

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import REPO
+from draft_cases import has_field, has_speculators_format
 from safetensors.torch import load_file
 
 from eagle_train.config import ConfigError, load_config
@@ -32,7 +33,7 @@ def layouts(algorithm: str) -> list[str]:
     vocabulary of their own (vLLM's EAGLE-3 loader)."""
     spec = get_draft(algorithm)
     found = ["vllm"]
-    if spec.vllm_method != "eagle":  # vLLM has no speculators type for method "eagle"
+    if has_speculators_format(spec):
         found.append("speculators")
     if spec.uses_draft_vocab:
         found.append("safeailab")
@@ -55,7 +56,7 @@ def run_config(algorithm: str, target: FrozenTarget, *overrides: str) -> RunConf
             f"target.path={target.model.name_or_path}",
             "target.dtype=float32",  # an fp32 export: the comparison can be exact
             "data.train=unused",
-            *(["draft.loss_target=hard"] if algorithm == "dflash" else []),
+            *(["draft.loss_target=hard"] if has_field(algorithm, "loss_target") else []),
             *(["draft.draft_vocab_size=null"] if get_draft(algorithm).uses_draft_vocab else []),
             *overrides,
         ],
@@ -188,7 +189,7 @@ def test_another_vocabulary_size_moves_head_rows_by_target_id(llama: FrozenTarge
     ("overrides", "algorithm", "needle"),
     [
         (["draft.aux_layer_ids=[0,1,2]"], "eagle3", "eagle_aux_hidden_state_layer_ids"),
-        (["draft.layer_style=qwen3"], "eagle3", "draft.layer_style"),
+        (["draft.qk_norm=true"], "eagle3", "draft.qk_norm"),
         ([], "dflash", "draft.algorithm is 'dflash'"),
         ([], "peagle", "draft.algorithm is 'peagle'"),
     ],

@@ -2,8 +2,9 @@
 
 Order of the steps, one module each: ``records`` (read JSONL / parquet / arrow), ``chat``
 (render with the chat template, mask assistant tokens), ``regenerate`` + ``backends`` (the
-target rewrites the assistant turns), ``vocab`` (draft vocabulary), ``store`` (atomic output,
-``load_prepared``), ``prepare`` (the ``prepare-data`` step tying them together).
+target rewrites the assistant turns; ``generation`` says what a backend is), ``vocab``
+(draft vocabulary), ``store`` (atomic output, ``load_prepared``), ``prepare`` (the
+``prepare-data`` step tying them together).
 """
 
 from eagle_train.data.chat import ChatRenderer, TokenizedChat, mask_from_offsets

@@ -1,19 +1,23 @@
-"""Generation backends for regenerating assistant turns: vLLM, or transformers ``generate``.
-
-Both take token-id prompts (never text: a tokenizer would add a second bos to a rendered
-prompt that already has one) and return the generated ids, cut after the first stop token.
-"""
+"""The generation backends that regenerate assistant turns (``data/generation.py`` says what
+one is): transformers ``generate``, one vLLM engine, or one vLLM engine per GPU in processes
+of their own; ``create_backend`` picks one from the ``regenerate`` settings."""
 
 from __future__ import annotations
 
 import gc
 import logging
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import Any
 
 import torch
 
+from eagle_train.data.generation import (
+    BackendName,
+    GenerationBackend,
+    GenerationSettings,
+    Sampling,
+    cut_at_stop,
+)
 from eagle_train.engine import (
     VllmEngine,
     cuda_available,
@@ -21,53 +25,9 @@ from eagle_train.engine import (
     preemption_free_size,
     vllm_available,
 )
+from eagle_train.engine.remote import Remote
 
 logger = logging.getLogger(__name__)
-
-BackendName = Literal["auto", "vllm", "transformers"]
-
-
-@dataclass(frozen=True)
-class GenerationSettings:
-    dtype: str
-    temperature: float
-    top_p: float
-    seed: int
-    stop_token_ids: tuple[int, ...]
-    pad_token_id: int
-    max_model_len: int
-    kv_cache_memory_bytes: int | None = None
-    max_num_seqs: int | None = None  # None: as many as the KV cache holds (VllmBackend)
-    tensor_parallel_size: int = 1  # GPUs one engine spans
-    data_parallel_size: int = 1  # engines, each in its own process on its own GPU(s)
-
-    @property
-    def greedy(self) -> bool:
-        return self.temperature == 0.0
-
-
-@dataclass(frozen=True)
-class Sampling:
-    """Sampling for one call, instead of the backend's configured one (prompt synthesis)."""
-
-    temperature: float
-    top_p: float
-
-
-class GenerationBackend(Protocol):
-    name: str
-
-    def generate(
-        self,
-        prompts: list[list[int]],
-        max_new_tokens: list[int],
-        seeds: list[int],
-        sampling: Sampling | None = None,
-    ) -> list[list[int]]:
-        """Generated ids per prompt: at most ``max_new_tokens[i]``, ending at a stop token if any."""
-        ...
-
-    def close(self) -> None: ...
 
 
 def create_backend(
@@ -78,8 +38,6 @@ def create_backend(
     logger.info("regenerating with the %s backend (%s, dtype %s)", name, model, settings.dtype)
     if name == "vllm":
         if settings.data_parallel_size > 1:
-            from eagle_train.data.engines import DataParallelVllmBackend
-
             return DataParallelVllmBackend(model, tokenizer, settings, settings.data_parallel_size)
         return VllmBackend(model, tokenizer, settings)
     if settings.data_parallel_size > 1 or settings.tensor_parallel_size > 1:
@@ -87,15 +45,6 @@ def create_backend(
             "regenerate.data_parallel_size / tensor_parallel_size need the vllm backend"
         )
     return TransformersBackend(model, settings)
-
-
-def cut_at_stop(ids: list[int], stop_ids: tuple[int, ...], limit: int) -> list[int]:
-    """Ids up to and including the first stop token, at most ``limit`` of them."""
-    stops = set(stop_ids)
-    for i, token in enumerate(ids[:limit]):
-        if token in stops:
-            return ids[: i + 1]
-    return ids[:limit]
 
 
 class TransformersBackend:
@@ -235,3 +184,64 @@ class VllmBackend:
 
     def close(self) -> None:
         self.engine.close()
+
+
+class DataParallelVllmBackend:
+    """Regeneration on several GPUs: one vLLM engine per GPU, each in its own process.
+
+    ``data_parallel_size=N`` starts N worker processes (``eagle_train.engine.remote``);
+    worker i sees only its own GPUs (``CUDA_VISIBLE_DEVICES``, on a machine with GPUs) and
+    opens an ordinary ``VllmBackend``, tensor-parallel over ``tensor_parallel_size`` GPUs
+    when a target needs that (worker i takes GPUs i*tp .. i*tp+tp-1). Each call splits the
+    prompts into N contiguous shards and returns the outputs in the caller's order. Greedy
+    decoding, and sampling with a seed per request, do not depend on which engine serves a
+    request, so the output equals one engine's."""
+
+    name = "vllm"
+
+    def __init__(
+        self, model: Path, tokenizer: Path, settings: GenerationSettings, num_engines: int
+    ) -> None:
+        tp = settings.tensor_parallel_size
+        pin = torch.cuda.device_count() > 0
+        self.engines: list[Remote] = []
+        try:
+            for rank in range(num_engines):
+                gpus = ",".join(str(rank * tp + j) for j in range(tp))
+                env = {"CUDA_VISIBLE_DEVICES": gpus} if pin else {}
+                self.engines.append(Remote(VllmBackend, model, tokenizer, settings, env=env))
+        except Exception:
+            self.close()
+            raise
+
+    def generate(
+        self,
+        prompts: list[list[int]],
+        max_new_tokens: list[int],
+        seeds: list[int],
+        sampling: Sampling | None = None,
+    ) -> list[list[int]]:
+        n = len(self.engines)
+        bounds = [round(i * len(prompts) / n) for i in range(n + 1)]
+        busy = []
+        for engine, lo, hi in zip(self.engines, bounds[:-1], bounds[1:], strict=True):
+            if hi > lo:
+                engine.submit(
+                    "generate", prompts[lo:hi], max_new_tokens[lo:hi], seeds[lo:hi], sampling
+                )
+                busy.append(engine)
+        out: list[list[int]] = []
+        errors = []
+        for engine in busy:  # collect from every busy engine even after a failure
+            try:
+                out.extend(engine.result())
+            except RuntimeError as exc:
+                errors.append(exc)
+        if errors:
+            raise errors[0]
+        return out
+
+    def close(self) -> None:
+        for engine in self.engines:
+            engine.close()
+        self.engines = []

@@ -19,10 +19,11 @@ from typing import Any
 import datasets
 from tqdm import tqdm
 
-from eagle_train.data.backends import GenerationBackend, GenerationSettings, create_backend
+from eagle_train.data.backends import create_backend
 from eagle_train.data.chat import ChatRenderer
 from eagle_train.data.config import HubDataset, PrepareDataConfig
 from eagle_train.data.errors import BadRecordPolicy, DataError
+from eagle_train.data.generation import GenerationBackend, GenerationSettings
 from eagle_train.data.records import Record, RecordReader, iter_raw, parse_record
 from eagle_train.data.regenerate import (
     RegenerationPlan,

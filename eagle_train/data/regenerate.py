@@ -25,9 +25,9 @@ from typing import Any, TextIO
 from tqdm import tqdm
 
 from eagle_train.data.answers import answer_message
-from eagle_train.data.backends import GenerationBackend
 from eagle_train.data.chat import ChatRenderer
 from eagle_train.data.errors import BadRecordPolicy, DataError
+from eagle_train.data.generation import GenerationBackend
 from eagle_train.data.messages import Message
 from eagle_train.data.records import Record
 

@@ -19,10 +19,10 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from eagle_train.data.backends import GenerationBackend, Sampling
 from eagle_train.data.chat import ChatRenderer
 from eagle_train.data.config import SynthesizeConfig
 from eagle_train.data.errors import DataError
+from eagle_train.data.generation import GenerationBackend, Sampling
 
 log = logging.getLogger(__name__)
 

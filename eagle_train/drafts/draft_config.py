@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
-from eagle_train.config import StrictModel
+from eagle_train.config import StrictModel, refuse_moved_key
 
 
 class DraftConfigBase(StrictModel):
@@ -15,3 +16,14 @@ class DraftConfigBase(StrictModel):
     # draft.draft_vocab_size asks for another size (then head rows move by target id and the
     # others start from the target's head). Read on a fresh run only, never on resume.
     init_from: Path | None = None
+
+
+def refuse_layer_style(data: Any) -> Any:
+    """For the ``mode="before"`` validator of a draft config with ``qk_norm``: the old
+    ``layer_style`` key (family names for the q/k norm switch) is refused in one line."""
+    return refuse_moved_key(
+        data,
+        "layer_style",
+        "draft.layer_style moved to draft.qk_norm (qwen3 is qk_norm: true, llama is "
+        "qk_norm: false, auto is leaving it unset): set it there",
+    )

@@ -38,12 +38,10 @@ class DraftShape(DecoderDims):
     qk_norm: bool
 
 
-def layer_style(configured: str, target: TargetDescription) -> str:
-    """The draft's decoder style: as configured, or "qwen3" (q/k norm) when the target's
-    attention normalises q and k, else "llama"."""
-    if configured != "auto":
-        return configured
-    return "qwen3" if target.qk_norm else "llama"
+def draft_qk_norm(configured: bool | None, target: TargetDescription) -> bool:
+    """Whether the draft's attention normalises q and k (``draft.qk_norm``): as configured,
+    else as the target's attention does."""
+    return target.qk_norm if configured is None else configured
 
 
 def aux_layer_ids(configured: list[int] | None, target: TargetDescription) -> list[int]:
@@ -167,13 +165,15 @@ def draft_ids(draft: nn.Module) -> Tensor:
 
 
 def fused_vllm_config(
-    style: str,
+    qk_norm: bool,
     target: TargetDescription,
     layer_ids: list[int],
     draft_vocab_size: int,
     head_dim: int,
 ) -> dict[str, Any]:
-    """vLLM's config.json of a fused-first-layer drafter (one layer; P-EAGLE adds more)."""
+    """vLLM's config.json of a fused-first-layer drafter (one layer; P-EAGLE adds more):
+    vLLM builds q/k norm into a Qwen3-style layer and none into a Llama one."""
+    style = "qwen3" if qk_norm else "llama"
     config: dict[str, Any] = {
         "architectures": ["Qwen3ForCausalLM" if style == "qwen3" else "LlamaForCausalLM"],
         "model_type": style,

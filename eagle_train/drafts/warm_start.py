@@ -40,7 +40,7 @@ _STRUCTURE: dict[str, tuple[str | None, Any]] = {
     "vocab_size": (None, None),
     "rms_norm_eps": (None, None),
     "num_hidden_layers": ("draft.num_layers", None),
-    "model_type": ("draft.layer_style (q/k norm: qwen3)", "llama"),
+    "model_type": ("draft.qk_norm (true: qwen3, false: llama)", "llama"),
     "eagle_aux_hidden_state_layer_ids": ("draft.aux_layer_ids", None),
     "num_aux_hidden_states": ("draft.aux_layer_ids", None),
     "norm_before_residual": ("draft.norm_before_residual", False),

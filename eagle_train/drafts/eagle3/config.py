@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
-from eagle_train.drafts.draft_config import DraftConfigBase
+from eagle_train.drafts.draft_config import DraftConfigBase, refuse_layer_style
 
 
 class Eagle3Config(DraftConfigBase):
@@ -17,8 +17,9 @@ class Eagle3Config(DraftConfigBase):
     # Training-time test: K draft steps per position, step k weighted decay^k (normalised).
     ttt_steps: int = Field(default=7, ge=1)
     step_decay: float = Field(default=0.8, gt=0, le=1)
-    # Decoder layer style: llama (no q/k norm) or qwen3 (q_norm/k_norm); auto = the target's.
-    layer_style: Literal["auto", "llama", "qwen3"] = "auto"
+    # RMSNorm over each head's q and k before rotary (vLLM serves it as a Qwen3-style layer,
+    # without as a Llama one); None: as the target's attention does.
+    qk_norm: bool | None = None
     # The draft's own vocabulary: this many of the most frequent supervised tokens of the
     # training data (ties: lower id), built by the trainer from the counts prepare-data wrote.
     # None: the target's whole vocabulary.
@@ -33,3 +34,8 @@ class Eagle3Config(DraftConfigBase):
     # flash kernel + the chain keys merged by log-sum-exp), flex (CUDA: compiled
     # flex_attention with a block mask); auto = flex on CUDA, fused on CPU.
     attention: Literal["auto", "chunked", "fused", "flex"] = "auto"
+
+    @model_validator(mode="before")
+    @classmethod
+    def _layer_style_moved(cls, data: Any) -> Any:
+        return refuse_layer_style(data)

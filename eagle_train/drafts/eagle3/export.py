@@ -10,12 +10,12 @@ from torch import Tensor
 from eagle_train.drafts.base import VllmDrafter
 from eagle_train.drafts.eagle3.config import Eagle3Config
 from eagle_train.drafts.eagle_family import (
+    draft_qk_norm,
     fused_from_speculators,
     fused_import,
     fused_speculators,
     fused_tensors,
     fused_vllm_config,
-    layer_style,
 )
 from eagle_train.target import TargetDescription
 
@@ -27,8 +27,8 @@ def vllm_config(
     draft_vocab_size: int,
     head_dim: int,
 ) -> dict[str, Any]:
-    style = layer_style(cfg.layer_style, target)
-    return fused_vllm_config(style, target, layer_ids, draft_vocab_size, head_dim)
+    qk_norm = draft_qk_norm(cfg.qk_norm, target)
+    return fused_vllm_config(qk_norm, target, layer_ids, draft_vocab_size, head_dim)
 
 
 def expected_tensors(

@@ -18,7 +18,7 @@ from eagle_train.drafts.eagle_family import (
     DraftShape,
     aux_layer_ids,
     draft_ids,
-    layer_style,
+    draft_qk_norm,
     set_backend,
 )
 from eagle_train.target import FrozenTarget, TargetDescription, TargetFeatures
@@ -52,7 +52,7 @@ class Eagle3Spec:
             desc,
             num_aux=len(self.target_layer_ids(cfg, desc)),
             draft_vocab_size=vd,
-            qk_norm=layer_style(cfg.layer_style, desc) == "qwen3",
+            qk_norm=draft_qk_norm(cfg.qk_norm, desc),
         )
         draft = Eagle3Draft(shape, desc).float()
         set_backend(draft, cfg.attention)

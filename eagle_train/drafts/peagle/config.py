@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
-from eagle_train.drafts.draft_config import DraftConfigBase
+from eagle_train.drafts.draft_config import DraftConfigBase, refuse_layer_style
 
 
 class PEagleConfig(DraftConfigBase):
@@ -25,8 +25,9 @@ class PEagleConfig(DraftConfigBase):
     # Token fed at depths >= 1; its embedding row is trained and exported. None = the target
     # tokenizer's mask token.
     mask_token_id: int | None = Field(default=None, ge=0)
-    # Decoder layer style: llama (no q/k norm) or qwen3 (q_norm/k_norm); auto = the target's.
-    layer_style: Literal["auto", "llama", "qwen3"] = "auto"
+    # RMSNorm over each head's q and k before rotary (vLLM serves it as a Qwen3-style layer,
+    # without as a Llama one); None: as the target's attention does.
+    qk_norm: bool | None = None
     # The draft's own vocabulary: this many of the most frequent supervised tokens of the
     # training data (ties: lower id), built by the trainer from the counts prepare-data wrote.
     # None: the target's whole vocabulary.
@@ -41,6 +42,11 @@ class PEagleConfig(DraftConfigBase):
     # Attention over the sampled elements: dense (SDPA with a boolean mask), flex (CUDA:
     # compiled flex_attention with a block mask from the elements); auto = flex on CUDA.
     attention: Literal["auto", "dense", "flex"] = "auto"
+
+    @model_validator(mode="before")
+    @classmethod
+    def _layer_style_moved(cls, data: Any) -> Any:
+        return refuse_layer_style(data)
 
     @model_validator(mode="after")
     def _ratios(self) -> PEagleConfig:

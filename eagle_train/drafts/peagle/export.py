@@ -11,12 +11,12 @@ from torch import Tensor
 from eagle_train.drafts.base import VllmDrafter
 from eagle_train.drafts.common import layer_tensors
 from eagle_train.drafts.eagle_family import (
+    draft_qk_norm,
     fused_from_speculators,
     fused_import,
     fused_speculators,
     fused_tensors,
     fused_vllm_config,
-    layer_style,
 )
 from eagle_train.drafts.peagle.config import PEagleConfig
 from eagle_train.target import TargetDescription
@@ -30,8 +30,8 @@ def vllm_config(
     head_dim: int,
     mask_token_id: int,
 ) -> dict[str, Any]:
-    style = layer_style(cfg.layer_style, target)
-    config = fused_vllm_config(style, target, layer_ids, draft_vocab_size, head_dim)
+    qk_norm = draft_qk_norm(cfg.qk_norm, target)
+    config = fused_vllm_config(qk_norm, target, layer_ids, draft_vocab_size, head_dim)
     # vLLM ignores parallel_drafting in config.json (the speculative config turns it on);
     # it marks the format so that it is not taken for a plain EAGLE-3 drafter.
     config.update(

@@ -13,7 +13,7 @@ from transformers import AutoTokenizer
 from eagle_train.data.loader import Batch
 from eagle_train.data.vocab import VocabMapping
 from eagle_train.drafts.base import StepResult, VllmDrafter
-from eagle_train.drafts.eagle_family import DraftShape, aux_layer_ids, draft_ids, layer_style
+from eagle_train.drafts.eagle_family import DraftShape, aux_layer_ids, draft_ids, draft_qk_norm
 from eagle_train.drafts.peagle import export
 from eagle_train.drafts.peagle.config import PEagleConfig
 from eagle_train.drafts.peagle.loss import depth_metrics, element_targets, peagle_loss
@@ -52,7 +52,7 @@ class PEagleSpec:
             desc,
             num_aux=len(self.target_layer_ids(cfg, desc)),
             draft_vocab_size=vd,
-            qk_norm=layer_style(cfg.layer_style, desc) == "qwen3",
+            qk_norm=draft_qk_norm(cfg.qk_norm, desc),
         )
         draft = PEagleDraft(shape, desc, cfg.num_layers).float()
         draft.attention = cfg.attention
