@@ -222,4 +222,9 @@ def _deep_copy(data: Any) -> Any:
 
 def dump_config(cfg: BaseModel, path: str | Path) -> None:
     """Write a resolved config as YAML (round-trips through ``load_config``)."""
-    Path(path).write_text(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))
+    Path(path).write_text(config_text(cfg))
+
+
+def config_text(cfg: BaseModel) -> str:
+    """A resolved config as the YAML text ``dump_config`` writes."""
+    return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)

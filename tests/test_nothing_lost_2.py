@@ -1,0 +1,100 @@
+"""Issue 24, "nothing lost, round two": each test reproduces a user's mistake (or an
+attacker's file) through the real command line and checks the one-line refusal (exit 2, the
+path named) and that the user's files are byte-identical afterwards. Each docstring names
+what the code did before the fix."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from test_nothing_lost import CONFIG, run_sets
+from typer.testing import CliRunner
+
+from eagle_train.cli import train_draft_app
+from eagle_train.config import load_config
+from eagle_train.run_config import RunConfig
+from eagle_train.run_dir import check_run_directory, write_run_config
+
+
+def snapshot(root: Path) -> dict[str, bytes]:
+    """Every file under ``root`` (relative path -> bytes): what must be unchanged."""
+    return {str(p.relative_to(root)): p.read_bytes() for p in root.rglob("*") if p.is_file()}
+
+
+def train_cli(config: Path, sets: list[str]):
+    args = ["-c", str(config)]
+    for s in sets:
+        args += ["--set", s]
+    return CliRunner().invoke(train_draft_app, args)
+
+
+def one_line_error(result, *parts: str) -> None:
+    assert result.exit_code == 2, result.output
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.output
+    for part in parts:
+        assert part in lines[0], (part, lines[0])
+
+
+# --- 1. train-draft's output directory ------------------------------------------------------
+
+
+def test_the_config_passed_to_c_inside_the_output_dir_is_never_rewritten(
+    tiny_world: Path, tiny_llama_data: Path, tmp_path: Path
+):
+    """Before: ``train-draft -c myexp/config.yaml --set train.output_dir=myexp`` replaced the
+    user's config (comments and all) with the resolved one and trained into myexp."""
+    exp = tmp_path / "myexp"
+    exp.mkdir()
+    user_config = exp / "config.yaml"
+    user_config.write_bytes(b"# my experiment: lr sweep notes\n" + CONFIG.read_bytes())
+    (exp / "metrics.jsonl").write_text('{"split": "train", "step": 1, "loss": 9}\n')
+    before = snapshot(exp)
+    target = tiny_world / "targets" / "llama" / "bf16"
+    result = train_cli(user_config, run_sets(target, tiny_llama_data, exp))
+    one_line_error(result, f"train.output_dir {exp} holds config.yaml (not written by")
+    assert snapshot(exp) == before
+
+
+def test_a_user_file_in_a_run_dir_or_an_input_as_output_is_refused(
+    tiny_world: Path, tiny_llama_data: Path, tmp_path: Path
+):
+    """Before: train-draft wrote config.yaml, metrics.jsonl and checkpoints/ into any
+    directory: the dataset's, the target's, or one holding the user's notes."""
+    target = tiny_world / "targets" / "llama" / "bf16"
+    notes = tmp_path / "notes"
+    notes.mkdir()
+    (notes / "thesis.tex").write_text("years of work")
+    cases = [
+        (notes, f"train.output_dir {notes} holds thesis.tex, which train-draft did not write"),
+        (tiny_llama_data, f"train.output_dir {tiny_llama_data} is the dataset"),
+        (tiny_llama_data / "run", "is inside the dataset"),
+        (target, "is the target"),
+        (tiny_world, "contains the target"),
+    ]
+    before = {p: snapshot(p) for p in (notes, tiny_llama_data, tiny_world)}
+    for out, why in cases:
+        result = train_cli(CONFIG, run_sets(target, tiny_llama_data, out))
+        one_line_error(result, why)
+    assert {p: snapshot(p) for p in before} == before
+    assert not (tiny_llama_data / "run").exists()
+
+
+def test_an_earlier_runs_own_config_is_recognised(tiny_llama_data: Path, tmp_path: Path):
+    """train-draft's own config.yaml (header sha256 intact) marks an earlier run, which is
+    resumed into; edited, it is the user's and refused."""
+    cfg = load_config(RunConfig, CONFIG, run_sets("t", tiny_llama_data, tmp_path / "run"))
+    out = tmp_path / "run"
+    out.mkdir()
+    write_run_config(cfg, out)
+    (out / "metrics.jsonl").write_text("")
+    check_run_directory(cfg, out)  # an earlier run: accepted
+    assert load_config(RunConfig, out / "config.yaml") == cfg  # and it still loads
+    text = (out / "config.yaml").read_text()
+    (out / "config.yaml").write_text(text.replace("max_steps: 4", "max_steps: 5  # mine"))
+    with pytest.raises(Exception, match="config.yaml \\(not written by train-draft"):
+        check_run_directory(cfg, out)
+    (out / "config.yaml").unlink()
+    with pytest.raises(Exception, match="holds metrics.jsonl but no config.yaml"):
+        check_run_directory(cfg, out)
