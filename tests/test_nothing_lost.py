@@ -112,10 +112,12 @@ def test_export_overwrite_refuses_what_it_did_not_write(run_dir: Path, tmp_path:
     out = tmp_path / "drafter"
     out.mkdir()
     assert export(ckpt, out, "--overwrite").exit_code == 0
-    (out / "stale.bin").write_bytes(b"from an older export")
     result = export(ckpt, out, "--overwrite")
     assert result.exit_code == 0, result.output
-    assert not (out / "stale.bin").exists() and (out / PROVENANCE_FILE).is_file()
+    assert (out / PROVENANCE_FILE).is_file()
+    (out / "notes.md").write_text("mine")  # a file the user added: refused (issue 24)
+    assert export(ckpt, out, "--overwrite").exit_code == 2
+    assert (out / "notes.md").read_text() == "mine"
 
 
 @pytest.mark.slow  # trains a run

@@ -5,16 +5,18 @@ what the code did before the fix."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 from test_nothing_lost import CONFIG, run_sets
 from typer.testing import CliRunner
 
-from eagle_train.cli import train_draft_app
+from eagle_train.cli import export_draft_app, train_draft_app
 from eagle_train.config import load_config
 from eagle_train.run_config import RunConfig
 from eagle_train.run_dir import check_run_directory, write_run_config
+from eagle_train.train import train
 
 
 def snapshot(root: Path) -> dict[str, bytes]:
@@ -98,3 +100,40 @@ def test_an_earlier_runs_own_config_is_recognised(tiny_llama_data: Path, tmp_pat
     (out / "config.yaml").unlink()
     with pytest.raises(Exception, match="holds metrics.jsonl but no config.yaml"):
         check_run_directory(cfg, out)
+
+
+# --- 2. export-draft --overwrite replaces only what the earlier export wrote ---------------
+
+
+@pytest.fixture(scope="module")
+def trained(tiny_world: Path, tiny_llama_data: Path, tmp_path_factory) -> Path:
+    """A two-step run: its checkpoint step-0000002."""
+    out = tmp_path_factory.mktemp("lost2") / "run"
+    target = tiny_world / "targets" / "llama" / "bf16"
+    sets = run_sets(target, tiny_llama_data, out, "train.max_steps=2")
+    train(load_config(RunConfig, CONFIG, sets))
+    return out / "checkpoints" / "step-0000002"
+
+
+def export_cli(ckpt: Path, out: Path, *extra: str):
+    return CliRunner().invoke(export_draft_app, [str(ckpt), str(out), *extra])
+
+
+def test_export_overwrite_keeps_a_file_the_user_added(trained: Path, tmp_path: Path):
+    """Before: ``export-draft CKPT OLD_EXPORT --overwrite`` deleted a file the user had added
+    inside the earlier export (its eval notes), and exited 0."""
+    out = tmp_path / "drafter"
+    assert export_cli(trained, out).exit_code == 0
+    listed = json.loads((out / "eagle_train.json").read_text())["files"]
+    assert sorted(p.name for p in out.iterdir()) == listed
+    (out / "my-eval-notes.md").write_text("AL 2.9 on my prompts")
+    (out / "plots").mkdir()
+    before = snapshot(out)
+    result = export_cli(trained, out, "--overwrite")
+    one_line_error(
+        result, f"OUT_DIR {out} is an earlier export but also holds my-eval-notes.md, plots"
+    )
+    assert snapshot(out) == before
+    (out / "my-eval-notes.md").unlink()
+    (out / "plots").rmdir()
+    assert export_cli(trained, out, "--overwrite").exit_code == 0  # only its own files: replaced
