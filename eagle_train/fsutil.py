@@ -67,11 +67,16 @@ def atomic_directory(final: Path) -> Iterator[Path]:
 
 def atomic_write_text(path: Path, text: str) -> None:
     """Write ``text`` to a temporary sibling, fsync it, and rename it over ``path``."""
+    atomic_write_bytes(path, text.encode())
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Write ``data`` to a temporary sibling, fsync it, and rename it over ``path``."""
     path = Path(path)
     tmp = path.parent / f".{path.name}.tmp-{uuid.uuid4().hex[:8]}"
     try:
-        with open(tmp, "w") as f:
-            f.write(text)
+        with open(tmp, "wb") as f:
+            f.write(data)
             f.flush()
             os.fsync(f.fileno())
         tmp.replace(path)

@@ -9,6 +9,8 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from eagle_train.fsutil import atomic_write_bytes
+
 log = logging.getLogger(__name__)
 
 
@@ -52,8 +54,8 @@ class MetricLog(MetricSink):
     def __init__(self, out_dir: Path, tensorboard: bool, after_step: int = 0) -> None:
         self.path = out_dir / "metrics.jsonl"
         self.writer: Any = None
-        if after_step and self.path.is_file():
-            _truncate_after(self.path, after_step)
+        if self.path.is_file():
+            repair_metrics(self.path, after_step)
         if tensorboard:
             try:
                 from torch.utils.tensorboard import SummaryWriter
@@ -76,12 +78,43 @@ class MetricLog(MetricSink):
             self.writer.close()
 
 
-def _truncate_after(path: Path, step: int) -> None:
-    lines = [line for line in path.read_text().splitlines() if line.strip()]
-    kept = [line for line in lines if json.loads(line)["step"] <= step]
-    tmp = path.with_suffix(".jsonl.tmp")
-    tmp.write_text("".join(line + "\n" for line in kept))
-    tmp.replace(path)
+def repair_metrics(path: Path, after_step: int = 0) -> None:
+    """Make ``metrics.jsonl`` safe to append to: drop the records after ``after_step`` (when
+    set: a resumed run writes those steps again), and move lines that are not whole records
+    (a crash mid-write tears the last one) to ``metrics.jsonl.torn-N``, logged, so nothing
+    is lost and every complete line is kept."""
+    original = path.read_bytes()
+    kept, torn = [], []
+    for raw in original.splitlines(keepends=True):
+        step = _record_step(raw)
+        if step is None:
+            torn += [raw] if raw.strip() else []
+        elif not after_step or step <= after_step:
+            kept.append(raw if raw.endswith(b"\n") else raw + b"\n")
+    if torn:
+        n = 1
+        while path.with_name(f"{path.name}.torn-{n}").exists():
+            n += 1
+        side = path.with_name(f"{path.name}.torn-{n}")
+        atomic_write_bytes(side, b"".join(torn))
+        log.warning(
+            "%s: %d torn line(s) (a crash while writing) moved to %s; complete lines kept",
+            path,
+            len(torn),
+            side,
+        )
+    if b"".join(kept) != original:
+        atomic_write_bytes(path, b"".join(kept))
+
+
+def _record_step(raw: bytes) -> int | None:
+    """The step of a whole metrics record, None for anything else (a torn line)."""
+    try:
+        record = json.loads(raw)
+    except ValueError:
+        return None
+    step = record.get("step") if isinstance(record, dict) else None
+    return step if isinstance(step, int) and raw.strip().endswith(b"}") else None
 
 
 def read_metrics(path: Path, split: str = "train") -> list[dict[str, float]]:

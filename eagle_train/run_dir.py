@@ -28,7 +28,12 @@ LOCK_FILE = ".train-draft.lock"
 RUN_ENTRIES = frozenset(
     {CONFIG_FILE, LOCK_FILE, "metrics.jsonl", "checkpoints", "best", "tensorboard", "acceptance"}
 )
-RUN_PATTERNS = ("metrics.jsonl.torn-*", "metrics.jsonl.tmp", f".{CONFIG_FILE}.tmp-*")
+RUN_PATTERNS = (
+    "metrics.jsonl.torn-*",
+    "metrics.jsonl.tmp",
+    ".metrics.jsonl*.tmp-*",
+    f".{CONFIG_FILE}.tmp-*",
+)
 _HEADER = "# Written by train-draft: the resolved config of this run (sha256 {}). Edit a copy.\n"
 _PREFIX = _HEADER.split("{}")[0]
 

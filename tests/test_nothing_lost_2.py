@@ -6,6 +6,8 @@ what the code did before the fix."""
 from __future__ import annotations
 
 import json
+import logging
+import shutil
 from pathlib import Path
 
 import pytest
@@ -137,3 +139,32 @@ def test_export_overwrite_keeps_a_file_the_user_added(trained: Path, tmp_path: P
     (out / "my-eval-notes.md").unlink()
     (out / "plots").rmdir()
     assert export_cli(trained, out, "--overwrite").exit_code == 0  # only its own files: replaced
+
+
+# --- 3. a torn last line in metrics.jsonl ---------------------------------------------------
+
+
+def test_resume_auto_survives_a_torn_metrics_line(
+    trained: Path, tiny_world: Path, tiny_llama_data: Path, tmp_path: Path, caplog
+):
+    """Before: a crash mid-write left half a JSON line, and ``--resume auto`` failed with a
+    JSONDecodeError traceback until the user edited metrics.jsonl by hand."""
+    out = tmp_path / "run"
+    shutil.copytree(trained.parent.parent, out)
+    metrics = out / "metrics.jsonl"
+    complete = metrics.read_bytes()
+    assert complete.count(b"\n") == 1  # step 2, the last
+    torn = b'{"split": "train", "step": 3, "loss": 4.1'
+    metrics.write_bytes(complete + torn)
+    target = tiny_world / "targets" / "llama" / "bf16"
+    sets = run_sets(target, tiny_llama_data, out, "train.max_steps=3")
+    with caplog.at_level(logging.WARNING, logger="eagle_train.metrics"):
+        result = train_cli(CONFIG, [*sets, "train.resume=auto"])
+    assert result.exit_code == 0, result.output
+    assert (out / "metrics.jsonl.torn-1").read_bytes() == torn  # kept where the user sees it
+    lines = metrics.read_bytes().splitlines(keepends=True)
+    assert len(lines) == 2 and lines[0] == complete and json.loads(lines[1])["step"] == 3
+    assert [r.getMessage() for r in caplog.records if "torn" in r.getMessage()] == [
+        f"{metrics}: 1 torn line(s) (a crash while writing) moved to {metrics}.torn-1; "
+        "complete lines kept"
+    ]
