@@ -34,7 +34,7 @@ from eagle_train.data.vocab import (
     save_vocab_mapping,
 )
 from eagle_train.errors import UserError
-from eagle_train.fsutil import atomic_directory, is_disk_full
+from eagle_train.fsutil import atomic_directory, confined, is_disk_full
 from eagle_train.run_config import RunConfig
 
 log = logging.getLogger(__name__)
@@ -166,7 +166,7 @@ def checkpoint_problems(path: Path) -> list[str]:
         return [f"{path}: {STATE_FILE} does not record {', '.join(unlisted)}"]
     problems = []
     for name, expected in state.files.items():
-        file = path / name
+        file = confined(path, name, path / STATE_FILE)
         if not file.is_file():
             problems.append(f"{file}: missing")
             continue

@@ -32,6 +32,7 @@ from eagle_train.fsutil import (
     check_no_overlap,
     check_output_path,
     check_replaceable,
+    confined,
     hold_lock,
     remove_stale_temporaries,
 )
@@ -191,21 +192,16 @@ def check_replaceable_export(out: Path, overwrite: bool) -> None:
     if not out.is_dir() or not is_export(out):
         return
     listed = json.loads((out / PROVENANCE_FILE).read_text()).get("files", EXPORT_FILES)
-    if not isinstance(listed, list) or not all(_plain_name(n) for n in listed):
-        raise UnsafePathError(
-            f"{out / PROVENANCE_FILE}: 'files' must list plain file names inside {out}: "
-            "refusing to replace the directory"
-        )
+    if not isinstance(listed, list):
+        raise UnsafePathError(f"{out / PROVENANCE_FILE}: 'files' must be a list of file names")
+    for name in listed:
+        confined(out, name, out / PROVENANCE_FILE)
     foreign = sorted(p.name for p in out.iterdir() if p.name not in listed)
     if foreign:
         raise UnsafePathError(
             f"OUT_DIR {out} is an earlier export but also holds {', '.join(foreign)}, which "
             "export-draft did not write: move them out, or choose another OUT_DIR"
         )
-
-
-def _plain_name(name: object) -> bool:
-    return isinstance(name, str) and name not in ("", ".", "..") and Path(name).name == name
 
 
 def serving_config(

@@ -258,6 +258,30 @@ def _acquire(path: Path, what: str) -> int:
     return fd
 
 
+def confined(root: Path, name: object, source: Path | str) -> Path:
+    """``root / name`` for a file name read from ``source`` (a manifest or state file inside
+    ``root``): refused unless it is a relative name that stays inside ``root`` with symlinks
+    followed, so a crafted manifest cannot make a command read (or hash, or replace) a file
+    elsewhere."""
+    root = Path(root)
+    if (
+        not isinstance(name, str)
+        or not name
+        or Path(name).is_absolute()
+        or ".." in Path(name).parts
+    ):
+        raise UnsafePathError(
+            f"{source}: file name {name!r} is not a relative path inside {root}: refusing it"
+        )
+    path = root / name
+    real_root, real = root.resolve(), path.resolve()
+    if real != real_root and real_root not in real.parents:
+        raise UnsafePathError(
+            f"{source}: {name!r} leads outside {root} (a symlink to {real}): refusing to read it"
+        )
+    return path
+
+
 def is_disk_full(exc: BaseException) -> bool:
     """An error that means the filesystem is full (or over quota), however it surfaced."""
     if isinstance(exc, OSError) and exc.errno in DISK_FULL:

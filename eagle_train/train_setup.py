@@ -278,7 +278,7 @@ def resume_point(cfg: RunConfig, out: Path, env: DistEnv) -> Resumed | None:
             problems = checkpoint_problems(Path(cfg.train.resume))
             if problems:
                 raise CheckpointError(
-                    f"cannot resume from {cfg.train.resume}:\n  " + "\n  ".join(problems)
+                    f"cannot resume from {cfg.train.resume}: " + "; ".join(problems)
                 )
             chosen = cfg.train.resume
         elif any(root.glob("step-*")) if root.is_dir() else False:

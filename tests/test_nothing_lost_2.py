@@ -11,6 +11,8 @@ import shutil
 from pathlib import Path
 
 import pytest
+from test_feature_cache import cache  # noqa: F401 (a fixture)
+from test_feature_cache import run_sets as feature_sets
 from test_nothing_lost import CONFIG, run_sets
 from typer.testing import CliRunner
 
@@ -168,3 +170,103 @@ def test_resume_auto_survives_a_torn_metrics_line(
         f"{metrics}: 1 torn line(s) (a crash while writing) moved to {metrics}.torn-1; "
         "complete lines kept"
     ]
+
+
+# --- 4. file names read from a manifest stay inside its directory --------------------------
+
+
+def copy_checkpoint(trained: Path, tmp_path: Path) -> Path:
+    ckpt = tmp_path / "step-0000002"
+    shutil.copytree(trained, ckpt)
+    return ckpt
+
+
+def test_a_checkpoint_naming_a_file_outside_itself_is_refused(trained: Path, tmp_path: Path):
+    """Before: a trainer_state.json listing ``../../secret`` made export-draft (and resume)
+    read and hash a file outside the checkpoint and print its size."""
+    secret = tmp_path / "secret"
+    secret.write_text("root:x:0:0")
+    for how in ("dotdot", "absolute", "symlink"):
+        ckpt = copy_checkpoint(trained, tmp_path / how)
+        state_file = ckpt / "trainer_state.json"
+        state = json.loads(state_file.read_text())
+        entry = {"bytes": 10, "sha256": "0" * 64}
+        if how == "dotdot":
+            state["files"]["../../secret"] = entry
+        elif how == "absolute":
+            state["files"][str(secret)] = entry
+        else:
+            (ckpt / "scheduler.pt").unlink()
+            (ckpt / "scheduler.pt").symlink_to(secret)
+        state_file.write_text(json.dumps(state))
+        before = snapshot(tmp_path / how)
+        result = export_cli(ckpt, tmp_path / how / "out")
+        expected = "leads outside" if how == "symlink" else "is not a relative path inside"
+        one_line_error(result, str(state_file), expected)
+        assert str(secret.stat().st_size) not in result.output.replace(str(tmp_path), "")
+        assert snapshot(tmp_path / how) == before
+    assert secret.read_text() == "root:x:0:0"
+
+
+def test_an_export_manifest_naming_a_file_outside_is_refused(trained: Path, tmp_path: Path):
+    """An eagle_train.json whose ``files`` names ``../x`` cannot widen what --overwrite
+    may replace."""
+    out = tmp_path / "drafter"
+    assert export_cli(trained, out).exit_code == 0
+    provenance = json.loads((out / "eagle_train.json").read_text())
+    provenance["files"].append("../notes")
+    (out / "eagle_train.json").write_text(json.dumps(provenance))
+    before = snapshot(tmp_path)
+    result = export_cli(trained, out, "--overwrite")
+    one_line_error(result, f"{out / 'eagle_train.json'}: file name '../notes'")
+    assert snapshot(tmp_path) == before
+
+
+# --- 5. corrupt feature-cache shards and checkpoint files are named ------------------------
+
+
+def test_a_corrupt_cache_shard_is_named_on_its_first_read(
+    tiny_world: Path,
+    tiny_llama_data: Path,
+    cache: Path,  # noqa: F811 (the fixture imported above)
+    tmp_path: Path,
+):
+    """Before: a shard with 4 KiB overwritten (same size) trained 40 steps on garbage, then
+    stopped with "non-finite loss" without naming the cache."""
+    copy = tmp_path / "features"
+    shutil.copytree(cache, copy)
+    shards = sorted((copy / "train").glob("shard-*.safetensors"))
+    for shard in shards:  # whichever the first batch reads
+        data = bytearray(shard.read_bytes())
+        data[-4096:] = bytes(4096)
+        shard.write_bytes(bytes(data))
+    before = snapshot(copy)
+    args = feature_sets(tiny_world, tiny_llama_data, copy, tmp_path / "run")
+    result = CliRunner().invoke(train_draft_app, args)
+    one_line_error(result, "sha256 differs from the one", "(corrupt)")
+    named = result.output.split("error: ")[1].split(":")[0]
+    assert Path(named) in shards
+    assert snapshot(copy) == before
+    shard = shards[0]
+    # a symlink that leads a shard out of the cache is refused before it is read
+    shard.unlink()
+    shard.symlink_to(tmp_path / "elsewhere.safetensors")
+    result = CliRunner().invoke(train_draft_app, args)
+    one_line_error(result, "'shard-00000.safetensors' leads outside")
+
+
+def test_a_corrupt_checkpoint_file_is_named_at_resume(
+    trained: Path, tiny_world: Path, tiny_llama_data: Path, tmp_path: Path
+):
+    """A checkpoint file changed after it was written (same size) is named, in one line."""
+    ckpt = copy_checkpoint(trained, tmp_path)
+    optimizer = ckpt / "optimizer.pt"
+    data = bytearray(optimizer.read_bytes())
+    data[100:164] = bytes(64)
+    optimizer.write_bytes(bytes(data))
+    before = snapshot(ckpt)
+    target = tiny_world / "targets" / "llama" / "bf16"
+    sets = run_sets(target, tiny_llama_data, tmp_path / "run", f"train.resume={ckpt}")
+    result = train_cli(CONFIG, sets)
+    one_line_error(result, f"cannot resume from {ckpt}: {optimizer}: sha256 differs")
+    assert snapshot(ckpt) == before
