@@ -37,8 +37,10 @@ def train_cli(config: Path, sets: list[str]):
 
 def one_line_error(result, *parts: str) -> None:
     assert result.exit_code == 2, result.output
-    lines = result.output.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), result.output
+    # progress bars (tqdm) may come first; the error is one line, the last
+    lines = [line for line in result.output.strip().splitlines() if line.startswith("error: ")]
+    assert len(lines) == 1 and "Traceback" not in result.output, result.output
+    assert result.output.strip().endswith(lines[0]), result.output
     for part in parts:
         assert part in lines[0], (part, lines[0])
 
@@ -270,3 +272,40 @@ def test_a_corrupt_checkpoint_file_is_named_at_resume(
     result = train_cli(CONFIG, sets)
     one_line_error(result, f"cannot resume from {ckpt}: {optimizer}: sha256 differs")
     assert snapshot(ckpt) == before
+
+
+# --- 6. an oversize record is refused before it is tokenized ---------------------------------
+
+
+def test_an_oversize_jsonl_record_is_refused_before_tokenizing(
+    tiny_world: Path, tmp_path: Path, monkeypatch
+):
+    """Before: one 50 MB record took 183 s and 20 GB of memory (the tokenizer ran over all of
+    it) before prepare-data cut it to max_length."""
+    from eagle_train.cli import prepare_data_app
+    from eagle_train.data import prepare
+
+    chats = (tiny_world / "data" / "train.jsonl").read_text().splitlines(keepends=True)[:3]
+    answer = json.loads(chats[0])["messages"][-1]
+    huge = {"messages": [{"role": "user", "content": "x" * 300_000}, answer]}
+    data = tmp_path / "chats.jsonl"
+    data.write_text(chats[0] + json.dumps(huge) + "\n" + chats[1])
+    before = data.read_bytes()
+    tokenized: list[int] = []
+    real = prepare.ChatRenderer.tokenize_rows
+    monkeypatch.setattr(
+        prepare.ChatRenderer,
+        "tokenize_rows",
+        lambda self, messages, *a: (
+            tokenized.append(len(json.dumps(messages))) or real(self, messages, *a)
+        ),
+    )
+    target = tiny_world / "targets" / "llama" / "bf16"
+    args = []
+    for s in (f"inputs=[{data}]", f"output_dir={tmp_path / 'out'}", f"tokenizer={target}"):
+        args += ["--set", s]
+    result = CliRunner().invoke(prepare_data_app, [*args, "--set", "max_length=256"])
+    limit = 64 * 256 + 65536
+    one_line_error(result, f"{data}:2: record of", f"over the {limit} bytes")
+    assert data.read_bytes() == before and not (tmp_path / "out").exists()
+    assert max(tokenized) < 300_000  # the huge record never reached the tokenizer

@@ -23,7 +23,13 @@ from eagle_train.data.backends import GenerationBackend, GenerationSettings, cre
 from eagle_train.data.chat import ChatRenderer
 from eagle_train.data.config import HubDataset, PrepareDataConfig
 from eagle_train.data.errors import BadRecordPolicy, DataError
-from eagle_train.data.records import Record, RecordReader, iter_raw, parse_record
+from eagle_train.data.records import (
+    Record,
+    RecordReader,
+    iter_raw,
+    parse_record,
+    record_byte_limit,
+)
 from eagle_train.data.regenerate import (
     RegenerationPlan,
     RegenerationReport,
@@ -110,7 +116,7 @@ def prepare_data(cfg: PrepareDataConfig) -> PrepareReport:
         if backend is not None:
             report.synthesis = run_synthesis(cfg, renderer, backend)
             inputs.append(report.synthesis.path)
-        reader = RecordReader(inputs, policy, cfg.limit)
+        reader = RecordReader(inputs, policy, cfg.limit, record_byte_limit(cfg.max_length))
         records = reader
         if cfg.regenerate.enabled:
             report.regeneration, regen_meta = run_regeneration(
