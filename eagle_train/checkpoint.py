@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import pickle
 import random
 import shutil
 from dataclasses import asdict, dataclass, field
@@ -58,8 +59,29 @@ class TrainerState:
 
     @classmethod
     def from_json(cls, text: str) -> TrainerState:
+        """The state, its types checked: a ``TypeError`` or ``ValueError`` names the field."""
         raw = json.loads(text)
-        return cls(**{**raw, "loader": LoaderState(**raw["loader"])})
+        if not isinstance(raw, dict) or not isinstance(raw.get("loader"), dict):
+            raise TypeError("expected a JSON object with a 'loader' object")
+        state = cls(**{**raw, "loader": LoaderState(**raw["loader"])})
+        _check_state_types(state)
+        return state
+
+
+def _check_state_types(state: TrainerState) -> None:
+    ints = {"step": state.step, "world_size": state.world_size}
+    ints |= {"skipped_steps": state.skipped_steps, "loader.epoch": state.loader.epoch}
+    ints["loader.offset"] = state.loader.offset
+    for key, value in ints.items():
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise TypeError(f"'{key}' must be a non-negative integer, got {value!r}")
+    if state.best_acceptance is not None and not isinstance(state.best_acceptance, int | float):
+        raise TypeError(f"'best_acceptance' must be a number, got {state.best_acceptance!r}")
+    if not isinstance(state.files, dict) or not all(
+        isinstance(e, dict) and isinstance(e.get("bytes"), int) and isinstance(e.get("sha256"), str)
+        for e in state.files.values()
+    ):
+        raise TypeError("'files' must map each file name to its 'bytes' (int) and 'sha256'")
 
 
 @dataclass
@@ -128,7 +150,10 @@ def save_checkpoint(
             "and rerun with --resume auto"
         ) from None
     for old in list_checkpoints(root)[:-keep_last]:
-        shutil.rmtree(old)
+        if old.is_symlink():  # not this run's to delete (nor what it points to)
+            log.warning("keeping %s: a symlink, not a checkpoint this run wrote", old)
+        else:
+            shutil.rmtree(old)
     return final
 
 
@@ -202,14 +227,36 @@ def load_for_resume(path: Path) -> Resumed:
         path=path,
         state=TrainerState.from_json((path / STATE_FILE).read_text()),
         config=stored_config(path),
-        draft=load_file(str(path / DRAFT_FILE)),
-        # weights_only=True explicitly: TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1 only overrides
-        # calls that leave it unset, so a crafted pickle here never runs.
-        optimizer=torch.load(path / "optimizer.pt", map_location="cpu", weights_only=True),
-        scheduler=torch.load(path / "scheduler.pt", map_location="cpu", weights_only=True),
-        rng_states=torch.load(path / RNG_FILE, map_location="cpu", weights_only=True),
+        draft=read_tensors(path / DRAFT_FILE),
+        optimizer=read_pickle(path / "optimizer.pt"),
+        scheduler=read_pickle(path / "scheduler.pt"),
+        rng_states=read_pickle(path / RNG_FILE),
         vocab=load_vocab_mapping(vocab_file) if vocab_file.is_file() else None,
     )
+
+
+def read_tensors(path: Path) -> dict[str, torch.Tensor]:
+    """A checkpoint's safetensors file; a bad header is a ``CheckpointError`` naming it."""
+    try:
+        return load_file(str(path))
+    except Exception as exc:  # SafetensorError (a bad header), not an OSError
+        if isinstance(exc, OSError):
+            raise
+        raise CheckpointError(f"{path}: not a readable safetensors file ({exc})") from None
+
+
+def read_pickle(path: Path) -> Any:
+    """A checkpoint's torch file, read with ``weights_only=True`` explicitly
+    (TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1 only overrides calls that leave it unset, so a crafted
+    pickle never runs); refused in one line naming the file when it holds anything else."""
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except (pickle.UnpicklingError, RuntimeError, EOFError) as exc:
+        why = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise CheckpointError(
+            f"{path}: refused: not a checkpoint file this version wrote (a torch weights-only "
+            f"load failed: {why[:200]})"
+        ) from None
 
 
 def stored_config(path: Path) -> RunConfig:
@@ -233,7 +280,7 @@ def load_draft_checkpoint(path: str | Path) -> tuple[RunConfig, dict[str, torch.
     if problems:
         raise CheckpointError(f"{path}: not a usable checkpoint: " + "; ".join(problems))
     cfg = stored_config(path)
-    state = load_file(str(path / DRAFT_FILE))
+    state = read_tensors(path / DRAFT_FILE)
     step = TrainerState.from_json((path / STATE_FILE).read_text()).step
     return cfg, state, step
 

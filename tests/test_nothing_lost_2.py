@@ -5,6 +5,7 @@ what the code did before the fix."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import shutil
@@ -309,3 +310,81 @@ def test_an_oversize_jsonl_record_is_refused_before_tokenizing(
     one_line_error(result, f"{data}:2: record of", f"over the {limit} bytes")
     assert data.read_bytes() == before and not (tmp_path / "out").exists()
     assert max(tokenized) < 300_000  # the huge record never reached the tokenizer
+
+
+# --- 7. every failure one line ---------------------------------------------------------------
+
+
+def rewrite_state(ckpt: Path, **changes) -> Path:
+    state_file = ckpt / "trainer_state.json"
+    state = json.loads(state_file.read_text())
+    state.update(changes)
+    state_file.write_text(json.dumps(state))
+    return state_file
+
+
+def refingerprint(ckpt: Path, name: str) -> None:
+    """Record ``name``'s new size and sha256 in the manifest, as a crafted checkpoint would."""
+    state = json.loads((ckpt / "trainer_state.json").read_text())
+    data = (ckpt / name).read_bytes()
+    state["files"][name] = {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    (ckpt / "trainer_state.json").write_text(json.dumps(state))
+
+
+@pytest.mark.parametrize(
+    "change, why",
+    [
+        ({"step": "2"}, "'step' must be a non-negative integer, got '2'"),
+        ({"files": ["draft.safetensors"]}, "'files' must map each file name"),
+        ({"loader": 3}, "expected a JSON object with a 'loader' object"),
+    ],
+)
+def test_a_wrong_typed_trainer_state_is_named(trained: Path, tmp_path: Path, change, why):
+    """Before: a TypeError/AttributeError traceback from export-draft and resume."""
+    ckpt = copy_checkpoint(trained, tmp_path)
+    state_file = rewrite_state(ckpt, **change)
+    before = snapshot(ckpt)
+    result = export_cli(ckpt, tmp_path / "out")
+    one_line_error(result, f"{state_file}: unreadable", why)
+    assert snapshot(ckpt) == before and not (tmp_path / "out").exists()
+
+
+def test_a_crafted_pickle_or_a_bad_header_in_a_checkpoint_is_one_line(
+    trained: Path, tiny_world: Path, tiny_llama_data: Path, tmp_path: Path
+):
+    """Before: an UnpicklingError / SafetensorError traceback (the manifest had been made to
+    match the crafted files, so the hash check passed)."""
+    import torch
+    from test_nothing_lost import _Payload
+
+    target = tiny_world / "targets" / "llama" / "bf16"
+    marker = tmp_path / "payload-ran"
+    ckpt = copy_checkpoint(trained, tmp_path / "pickle")
+    torch.save({"state": {}, "evil": _Payload(marker)}, ckpt / "optimizer.pt")
+    refingerprint(ckpt, "optimizer.pt")
+    sets = run_sets(target, tiny_llama_data, tmp_path / "run", f"train.resume={ckpt}")
+    one_line_error(train_cli(CONFIG, sets), f"{ckpt / 'optimizer.pt'}: refused")
+    assert not marker.exists()
+    ckpt = copy_checkpoint(trained, tmp_path / "header")
+    (ckpt / "draft.safetensors").write_bytes(b"\xff" * 8 + b"{not json")
+    refingerprint(ckpt, "draft.safetensors")
+    result = export_cli(ckpt, tmp_path / "out")
+    one_line_error(result, f"{ckpt / 'draft.safetensors'}: not a readable safetensors file")
+
+
+def test_a_symlinked_checkpoint_is_not_rotated(
+    trained: Path, tiny_world: Path, tiny_llama_data: Path, tmp_path: Path
+):
+    """Before: rotation called rmtree on a symlinked step-* directory: an OSError traceback
+    at the end of the run (and, had it followed the link, the user's copy deleted)."""
+    out = tmp_path / "run"
+    shutil.copytree(trained.parent.parent, out)
+    kept = copy_checkpoint(trained, tmp_path / "mine")
+    (out / "checkpoints" / "step-0000001").symlink_to(kept, target_is_directory=True)
+    before = snapshot(kept)
+    target = tiny_world / "targets" / "llama" / "bf16"
+    sets = run_sets(target, tiny_llama_data, out, "train.max_steps=3", "train.keep_last=1")
+    result = train_cli(CONFIG, [*sets, "train.resume=auto"])
+    assert result.exit_code == 0, result.output
+    assert (out / "checkpoints" / "step-0000001").is_symlink() and snapshot(kept) == before
+    assert not (out / "checkpoints" / "step-0000002").exists()  # its own: rotated
