@@ -34,6 +34,7 @@ from eagle_train.fsutil import (
     check_replaceable,
     confined,
     hold_lock,
+    naming_disk_full,
     remove_stale_temporaries,
 )
 from eagle_train.model_card import CARD_FILE, render_card
@@ -133,7 +134,8 @@ def export_state(
     with hold_lock(out.parent / f".{out.name}.lock", f"export {out}"):
         remove_stale_temporaries(out)  # left by an export that was killed
         check_replaceable_export(out, overwrite)
-        _write_atomic(out, config, tensors, provenance)
+        with naming_disk_full(out, "the export"):
+            _write_atomic(out, config, tensors, provenance)
     return out
 
 

@@ -282,6 +282,21 @@ def confined(root: Path, name: object, source: Path | str) -> Path:
     return path
 
 
+@contextmanager
+def naming_disk_full(path: Path | str, what: str) -> Iterator[None]:
+    """A full disk inside the block, however it surfaced (an ``OSError`` without a file name,
+    a library's ``RuntimeError``), as one line naming ``path``: what was being written."""
+    try:
+        yield
+    except Exception as exc:
+        if isinstance(exc, UserError) or not is_disk_full(exc):
+            raise
+        raise UnsafePathError(
+            f"{path}: no space left on device while writing {what} (a partial write is "
+            "removed or redone): free space and run again"
+        ) from None
+
+
 def is_disk_full(exc: BaseException) -> bool:
     """An error that means the filesystem is full (or over quota), however it surfaced."""
     if isinstance(exc, OSError) and exc.errno in DISK_FULL:

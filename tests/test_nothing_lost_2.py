@@ -388,3 +388,63 @@ def test_a_symlinked_checkpoint_is_not_rotated(
     assert result.exit_code == 0, result.output
     assert (out / "checkpoints" / "step-0000001").is_symlink() and snapshot(kept) == before
     assert not (out / "checkpoints" / "step-0000002").exists()  # its own: rotated
+
+
+def prepare_cli(*sets: str):
+    from eagle_train.cli import prepare_data_app
+
+    return CliRunner().invoke(prepare_data_app, [x for s in sets for x in ("--set", s)])
+
+
+def test_a_bad_tokenizer_is_one_line(tiny_world: Path, tmp_path: Path):
+    """Before: a misspelled tokenizer path printed four chained OSErrors; a tokenizer that
+    needs trust_remote_code a ValueError traceback."""
+    data = tiny_world / "data" / "train.jsonl"
+    custom = tmp_path / "custom-tok"
+    custom.mkdir()
+    (custom / "tokenizer_config.json").write_text(
+        json.dumps({"tokenizer_class": "MyTok", "auto_map": {"AutoTokenizer": ["tok.MyTok", None]}})
+    )
+    (custom / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    (custom / "tok.py").write_text("raise SystemExit('custom code ran')\n")
+    typo = tiny_world / "targets" / "llama" / "bf61"
+    for tokenizer, why in [
+        (typo, f"tokenizer {typo}: no such directory"),
+        (custom, f"tokenizer {custom}: it needs trust_remote_code"),
+    ]:
+        result = prepare_cli(
+            f"inputs=[{data}]", f"output_dir={tmp_path / 'out'}", f"tokenizer={tokenizer}"
+        )
+        one_line_error(result, why)
+        assert not (tmp_path / "out").exists()
+
+
+def test_a_binary_yaml_config_is_one_line(tmp_path: Path):
+    """Before: a UnicodeDecodeError traceback (e.g. -c model.safetensors by mistake)."""
+    config = tmp_path / "config.yaml"
+    config.write_bytes(b"\x89PNG\r\n\x1a\n\xff\xfe binary")
+    before = config.read_bytes()
+    result = train_cli(config, [])
+    one_line_error(result, f"{config}: not a YAML text file (byte 0 is not UTF-8)")
+    assert config.read_bytes() == before
+
+
+def test_a_full_disk_in_prepare_data_names_the_output(
+    tiny_world: Path, tmp_path: Path, monkeypatch
+):
+    """Before: ``error: ?: No space left on device`` (the OSError had no file name)."""
+    import errno
+    import os
+
+    from eagle_train.data import store
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))  # as Arrow's writer raises it
+
+    monkeypatch.setattr(store.ExampleWriter, "finish", full)
+    data = tiny_world / "data" / "train.jsonl"
+    target = tiny_world / "targets" / "llama" / "bf16"
+    out = tmp_path / "out"
+    result = prepare_cli(f"inputs=[{data}]", f"output_dir={out}", f"tokenizer={target}")
+    one_line_error(result, f"{out}: no space left on device while writing the prepared data")
+    assert list(tmp_path.iterdir()) == []  # the partial output was removed
