@@ -9,6 +9,7 @@ import hashlib
 import json
 import logging
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
@@ -19,6 +20,7 @@ from typer.testing import CliRunner
 
 from eagle_train.cli import export_draft_app, train_draft_app
 from eagle_train.config import load_config
+from eagle_train.fsutil import UnsafePathError
 from eagle_train.run_config import RunConfig
 from eagle_train.run_dir import check_run_directory, write_run_config
 from eagle_train.train import train
@@ -448,3 +450,88 @@ def test_a_full_disk_in_prepare_data_names_the_output(
     result = prepare_cli(f"inputs=[{data}]", f"output_dir={out}", f"tokenizer={target}")
     one_line_error(result, f"{out}: no space left on device while writing the prepared data")
     assert list(tmp_path.iterdir()) == []  # the partial output was removed
+
+
+# --- 8. ranks die with their launcher; a dead holder's lock is no lock -----------------------
+
+
+def _gone(pid: int, within_s: float) -> bool:
+    import os
+    import time
+
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except FileNotFoundError:
+            return True
+        if state == "Z":  # exited, waiting for a reaper
+            return True
+        time.sleep(0.05)
+    os.kill(pid, 9)
+    return False
+
+
+@pytest.mark.skipif(
+    not sys.platform.startswith("linux"), reason="the parent-death signal is Linux's"
+)
+def test_a_rank_dies_with_its_launcher(tmp_path: Path):
+    """Before: killing the torchrun launcher (kill -9) left its workers training for about
+    25 s, holding the run lock. A "launcher" starts a "rank" the way torchrun does (its
+    child, TORCHELASTIC_RUN_ID set), which joins through init_distributed, then is killed."""
+    import os
+    import signal
+    import subprocess
+
+    rank = (
+        "import time\n"
+        "from eagle_train.parallel import init_distributed\n"
+        "init_distributed('cpu', 60)\n"
+        "print('ready', flush=True)\n"
+        "time.sleep(60)\n"
+    )
+    launcher = (
+        "import subprocess, sys\n"
+        f"child = subprocess.Popen([sys.executable, '-c', {rank!r}], stdout=subprocess.PIPE)\n"
+        "assert child.stdout.readline() == b'ready\\n'\n"
+        "print(child.pid, flush=True)\n"
+        "child.wait()\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    env.update(TORCHELASTIC_RUN_ID="test", WORLD_SIZE="1", RANK="0")
+    proc = subprocess.Popen([sys.executable, "-c", launcher], stdout=subprocess.PIPE, env=env)
+    child = int(proc.stdout.readline())
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert _gone(child, within_s=5), "the rank outlived its launcher"
+
+
+def test_a_lock_held_by_a_killed_process_is_stale(tmp_path: Path):
+    """The run lock of a process killed with -9 (its pid still written in the lock file) does
+    not block the next run: the OS released its flock."""
+    import os
+    import signal
+    import subprocess
+
+    from eagle_train.fsutil import hold_lock
+
+    lock = tmp_path / ".train-draft.lock"
+    code = (
+        "import time\n"
+        "from pathlib import Path\n"
+        "from eagle_train.fsutil import hold_lock\n"
+        f"with hold_lock(Path({str(lock)!r}), 'run directory'):\n"
+        "    print('held', flush=True)\n"
+        "    time.sleep(60)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, env=env)
+    assert proc.stdout.readline() == b"held\n"
+    with pytest.raises(UnsafePathError, match=f"in use by another process \\(pid {proc.pid} "):
+        with hold_lock(lock, "run directory"):
+            pass
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert f"pid {proc.pid}" in lock.read_text()  # left behind, naming the dead holder
+    with hold_lock(lock, "run directory"):
+        assert f"pid {os.getpid()}" in lock.read_text()
