@@ -146,6 +146,7 @@ def open_run(cfg: RunConfig) -> Iterator[Run]:
     check_run_directory(cfg, out)  # no input overlapped, nothing but an earlier run's files
     description = load_target_description(cfg.target.path)
     check_servable(get_draft(cfg.draft.algorithm), description)
+    get_draft(cfg.draft.algorithm).target_layer_ids(cfg.draft, description)  # ids in range
     check_draft_vocab_size(cfg, description.vocab_size)
     env = init_distributed(cfg.train.device, cfg.train.dist_timeout_s)
     with run_lock(out, env), Preemption(announce=env.is_main) as preemption:

@@ -535,3 +535,17 @@ def test_a_lock_held_by_a_killed_process_is_stale(tmp_path: Path):
     assert f"pid {proc.pid}" in lock.read_text()  # left behind, naming the dead holder
     with hold_lock(lock, "run directory"):
         assert f"pid {os.getpid()}" in lock.read_text()
+
+
+@pytest.mark.parametrize("ids", ["[1,2,99]", "[-1,2,3]"])
+def test_aux_layer_ids_out_of_range_are_refused_before_anything_is_written(
+    tiny_world: Path, tiny_llama_data: Path, tmp_path: Path, ids: str
+):
+    """Before: a good message inside a ValueError traceback, raised after the target loaded."""
+    target = tiny_world / "targets" / "llama" / "bf16"
+    out = tmp_path / "run"
+    sets = run_sets(target, tiny_llama_data, out, f"draft.aux_layer_ids={ids}")
+    result = train_cli(CONFIG, sets)
+    shown = ids.replace(",", ", ")
+    one_line_error(result, f"draft.aux_layer_ids {shown} must be distinct layer counts in 0..")
+    assert not out.exists()
