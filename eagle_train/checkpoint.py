@@ -158,10 +158,34 @@ def save_checkpoint(
 
 
 def _save_torch(obj: Any, path: Path) -> None:
-    """``torch.save`` through a Python file, so a full disk raises ``OSError(ENOSPC)`` (a
-    path makes torch's own writer report it as an anonymous ``RuntimeError``)."""
+    """``torch.save`` through a Python file whose write errors are kept: torch's writer turns
+    a full disk into an anonymous ``RuntimeError`` ("unexpected pos ..."), and the
+    ``OSError(ENOSPC)`` behind it is raised instead."""
     with open(path, "wb") as f:
-        torch.save(obj, f)
+        writer = _KeepWriteError(f)
+        try:
+            torch.save(obj, writer)
+        except RuntimeError:
+            if writer.error is not None:
+                raise writer.error from None
+            raise
+
+
+class _KeepWriteError:
+    """A binary file whose first failed write is remembered (``error``)."""
+
+    def __init__(self, f: Any) -> None:
+        self.f, self.error = f, None
+
+    def write(self, data: bytes) -> int:
+        try:
+            return self.f.write(data)
+        except OSError as exc:
+            self.error = self.error or exc
+            raise
+
+    def flush(self) -> None:
+        self.f.flush()
 
 
 def list_checkpoints(root: Path) -> list[Path]:

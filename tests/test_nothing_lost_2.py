@@ -549,3 +549,35 @@ def test_aux_layer_ids_out_of_range_are_refused_before_anything_is_written(
     shown = ids.replace(",", ", ")
     one_line_error(result, f"draft.aux_layer_ids {shown} must be distinct layer counts in 0..")
     assert not out.exists()
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path):
+    """A 640 KiB tmpfs: the draft of a tiny run fits, its optimizer state does not."""
+    import subprocess
+
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=640k", "tmpfs", str(disk)], capture_output=True
+    )
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.decode().strip()}")
+    try:
+        yield disk
+    finally:
+        subprocess.run(["umount", str(disk)], check=True)
+
+
+def test_a_really_full_disk_while_saving_the_optimizer_state(
+    tiny_world: Path, tiny_llama_data: Path, small_disk: Path
+):
+    """Before: torch.save on a full disk raised ``RuntimeError: [enforce fail at
+    inline_container.cc] unexpected pos ...`` (no errno), a traceback, not the one line the
+    ENOSPC path gives."""
+    out = small_disk / "run"
+    target = tiny_world / "targets" / "llama" / "bf16"
+    result = train_cli(CONFIG, run_sets(target, tiny_llama_data, out, "train.max_steps=2"))
+    final = out / "checkpoints" / "step-0000002"
+    one_line_error(result, f"no space left on device while writing {final}", "is none")
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == []  # partial removed
