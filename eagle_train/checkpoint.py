@@ -175,7 +175,8 @@ class _KeepWriteError:
     """A binary file whose first failed write is remembered (``error``)."""
 
     def __init__(self, f: Any) -> None:
-        self.f, self.error = f, None
+        self.f = f
+        self.error: OSError | None = None
 
     def write(self, data: bytes) -> int:
         try:
