@@ -162,7 +162,7 @@ def _save_torch(obj: Any, path: Path) -> None:
     a full disk into an anonymous ``RuntimeError`` ("unexpected pos ..."), and the
     ``OSError(ENOSPC)`` behind it is raised instead."""
     with open(path, "wb") as f:
-        writer = _KeepWriteError(f)
+        writer = _FailedWriteKeeper(f)
         try:
             torch.save(obj, writer)
         except RuntimeError:
@@ -171,7 +171,7 @@ def _save_torch(obj: Any, path: Path) -> None:
             raise
 
 
-class _KeepWriteError:
+class _FailedWriteKeeper:
     """A binary file whose first failed write is remembered (``error``)."""
 
     def __init__(self, f: Any) -> None:
