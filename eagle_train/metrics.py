@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from eagle_train.fsutil import atomic_write_bytes
+from eagle_train.fsutil import atomic_write_bytes, is_disk_full, naming_disk_full
 
 log = logging.getLogger(__name__)
 
@@ -65,17 +66,31 @@ class MetricLog(MetricSink):
                 self.writer = SummaryWriter(
                     str(out_dir / "tensorboard"), purge_step=after_step + 1 if after_step else None
                 )
+                # A full disk in TensorBoard's writer thread is raised again (named) by the
+                # next write or close here; its thread's own traceback is not printed.
+                self._excepthook = threading.excepthook
+                threading.excepthook = self._quiet_disk_full
+
+    def _quiet_disk_full(self, args: Any) -> None:
+        writer_thread = type(args.thread).__name__ == "_AsyncWriterThread"
+        if not (writer_thread and is_disk_full(args.exc_value)):
+            self._excepthook(args)
 
     def write(self, split: str, step: int, metrics: dict[str, float]) -> None:
-        with open(self.path, "a") as f:
-            f.write(json.dumps({"split": split, "step": step, **metrics}) + "\n")
-        if self.writer is not None:
-            for key, value in metrics.items():
-                self.writer.add_scalar(f"{split}/{key}", value, step)
+        with naming_disk_full(self.path.parent, "metrics.jsonl or tensorboard/"):
+            with open(self.path, "a") as f:
+                f.write(json.dumps({"split": split, "step": step, **metrics}) + "\n")
+            if self.writer is not None:
+                for key, value in metrics.items():
+                    self.writer.add_scalar(f"{split}/{key}", value, step)
 
     def close(self) -> None:
         if self.writer is not None:
-            self.writer.close()
+            try:
+                with naming_disk_full(self.path.parent, "tensorboard/"):
+                    self.writer.close()
+            finally:
+                threading.excepthook = self._excepthook
 
 
 def repair_metrics(path: Path, after_step: int = 0) -> None:

@@ -581,3 +581,37 @@ def test_a_really_full_disk_while_saving_the_optimizer_state(
     final = out / "checkpoints" / "step-0000002"
     one_line_error(result, f"no space left on device while writing {final}", "is none")
     assert sorted(p.name for p in (out / "checkpoints").iterdir()) == []  # partial removed
+
+
+@pytest.fixture
+def tiny_disk(tmp_path: Path):
+    import subprocess
+
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(disk)], capture_output=True
+    )
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.decode().strip()}")
+    try:
+        yield disk
+    finally:
+        subprocess.run(["umount", str(disk)], check=True)
+
+
+def test_a_full_disk_in_tensorboards_writer_thread_is_one_named_error(tiny_disk: Path, capfd):
+    """Before: "Exception in thread Thread-1: Traceback ... OSError: [Errno 28]" from
+    TensorBoard's writer thread, then ``error: ?: No space left on device``."""
+    from eagle_train.metrics import MetricLog
+
+    sink = MetricLog(tiny_disk, tensorboard=True)
+    (tiny_disk / "filler").write_bytes(b"x" * (60 << 10))
+    with pytest.raises(UnsafePathError) as err:
+        for step in range(1, 100_000):
+            sink.write("train", step, {"loss": 1.0})
+        sink.close()
+    (tiny_disk / "filler").unlink()
+    sink.close()  # with room again: closes cleanly and restores the thread hook
+    assert str(err.value).startswith(f"{tiny_disk}: no space left on device while writing")
+    assert "Traceback" not in capfd.readouterr().err
