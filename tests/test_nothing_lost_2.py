@@ -13,7 +13,6 @@ import sys
 from pathlib import Path
 
 import pytest
-from test_feature_cache import cache  # noqa: F401 (a fixture)
 from test_feature_cache import run_sets as feature_sets
 from test_nothing_lost import CONFIG, run_sets
 from typer.testing import CliRunner
@@ -230,11 +229,20 @@ def test_an_export_manifest_naming_a_file_outside_is_refused(trained: Path, tmp_
 # --- 5. corrupt feature-cache shards and checkpoint files are named ------------------------
 
 
+@pytest.fixture(scope="module")
+def cache(tiny_world: Path, tiny_llama_data: Path, tmp_path_factory) -> Path:
+    """A feature cache of the training split alone, in 1 MiB shards."""
+    from eagle_train.cli import prepare_features_app
+
+    out = tmp_path_factory.mktemp("features2") / "llama"
+    args = feature_sets(tiny_world, tiny_llama_data, out, out.parent / "unused")
+    result = CliRunner().invoke(prepare_features_app, [*args, "--shard-mib", "1"])
+    assert result.exit_code == 0, result.output
+    return out
+
+
 def test_a_corrupt_cache_shard_is_named_on_its_first_read(
-    tiny_world: Path,
-    tiny_llama_data: Path,
-    cache: Path,  # noqa: F811 (the fixture imported above)
-    tmp_path: Path,
+    tiny_world: Path, tiny_llama_data: Path, cache: Path, tmp_path: Path
 ):
     """Before: a shard with 4 KiB overwritten (same size) trained 40 steps on garbage, then
     stopped with "non-finite loss" without naming the cache."""
