@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import pickle
 import random
 import shutil
 from dataclasses import asdict, dataclass, field
@@ -34,7 +35,7 @@ from eagle_train.data.vocab import (
     save_vocab_mapping,
 )
 from eagle_train.errors import UserError
-from eagle_train.fsutil import atomic_directory, is_disk_full
+from eagle_train.fsutil import atomic_directory, confined, is_disk_full
 from eagle_train.run_config import RunConfig
 
 log = logging.getLogger(__name__)
@@ -58,8 +59,29 @@ class TrainerState:
 
     @classmethod
     def from_json(cls, text: str) -> TrainerState:
+        """The state, its types checked: a ``TypeError`` or ``ValueError`` names the field."""
         raw = json.loads(text)
-        return cls(**{**raw, "loader": LoaderState(**raw["loader"])})
+        if not isinstance(raw, dict) or not isinstance(raw.get("loader"), dict):
+            raise TypeError("expected a JSON object with a 'loader' object")
+        state = cls(**{**raw, "loader": LoaderState(**raw["loader"])})
+        _check_state_types(state)
+        return state
+
+
+def _check_state_types(state: TrainerState) -> None:
+    ints = {"step": state.step, "world_size": state.world_size}
+    ints |= {"skipped_steps": state.skipped_steps, "loader.epoch": state.loader.epoch}
+    ints["loader.offset"] = state.loader.offset
+    for key, value in ints.items():
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise TypeError(f"'{key}' must be a non-negative integer, got {value!r}")
+    if state.best_acceptance is not None and not isinstance(state.best_acceptance, int | float):
+        raise TypeError(f"'best_acceptance' must be a number, got {state.best_acceptance!r}")
+    if not isinstance(state.files, dict) or not all(
+        isinstance(e, dict) and isinstance(e.get("bytes"), int) and isinstance(e.get("sha256"), str)
+        for e in state.files.values()
+    ):
+        raise TypeError("'files' must map each file name to its 'bytes' (int) and 'sha256'")
 
 
 @dataclass
@@ -128,15 +150,43 @@ def save_checkpoint(
             "and rerun with --resume auto"
         ) from None
     for old in list_checkpoints(root)[:-keep_last]:
-        shutil.rmtree(old)
+        if old.is_symlink():  # not this run's to delete (nor what it points to)
+            log.warning("keeping %s: a symlink, not a checkpoint this run wrote", old)
+        else:
+            shutil.rmtree(old)
     return final
 
 
 def _save_torch(obj: Any, path: Path) -> None:
-    """``torch.save`` through a Python file, so a full disk raises ``OSError(ENOSPC)`` (a
-    path makes torch's own writer report it as an anonymous ``RuntimeError``)."""
+    """``torch.save`` through a Python file whose write errors are kept: torch's writer turns
+    a full disk into an anonymous ``RuntimeError`` ("unexpected pos ..."), and the
+    ``OSError(ENOSPC)`` behind it is raised instead."""
     with open(path, "wb") as f:
-        torch.save(obj, f)
+        writer = _FailedWriteKeeper(f)
+        try:
+            torch.save(obj, writer)
+        except RuntimeError:
+            if writer.error is not None:
+                raise writer.error from None
+            raise
+
+
+class _FailedWriteKeeper:
+    """A binary file whose first failed write is remembered (``error``)."""
+
+    def __init__(self, f: Any) -> None:
+        self.f = f
+        self.error: OSError | None = None
+
+    def write(self, data: bytes) -> int:
+        try:
+            return self.f.write(data)
+        except OSError as exc:
+            self.error = self.error or exc
+            raise
+
+    def flush(self) -> None:
+        self.f.flush()
 
 
 def list_checkpoints(root: Path) -> list[Path]:
@@ -166,7 +216,7 @@ def checkpoint_problems(path: Path) -> list[str]:
         return [f"{path}: {STATE_FILE} does not record {', '.join(unlisted)}"]
     problems = []
     for name, expected in state.files.items():
-        file = path / name
+        file = confined(path, name, path / STATE_FILE)
         if not file.is_file():
             problems.append(f"{file}: missing")
             continue
@@ -202,14 +252,36 @@ def load_for_resume(path: Path) -> Resumed:
         path=path,
         state=TrainerState.from_json((path / STATE_FILE).read_text()),
         config=stored_config(path),
-        draft=load_file(str(path / DRAFT_FILE)),
-        # weights_only=True explicitly: TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1 only overrides
-        # calls that leave it unset, so a crafted pickle here never runs.
-        optimizer=torch.load(path / "optimizer.pt", map_location="cpu", weights_only=True),
-        scheduler=torch.load(path / "scheduler.pt", map_location="cpu", weights_only=True),
-        rng_states=torch.load(path / RNG_FILE, map_location="cpu", weights_only=True),
+        draft=read_tensors(path / DRAFT_FILE),
+        optimizer=read_pickle(path / "optimizer.pt"),
+        scheduler=read_pickle(path / "scheduler.pt"),
+        rng_states=read_pickle(path / RNG_FILE),
         vocab=load_vocab_mapping(vocab_file) if vocab_file.is_file() else None,
     )
+
+
+def read_tensors(path: Path) -> dict[str, torch.Tensor]:
+    """A checkpoint's safetensors file; a bad header is a ``CheckpointError`` naming it."""
+    try:
+        return load_file(str(path))
+    except Exception as exc:  # SafetensorError (a bad header), not an OSError
+        if isinstance(exc, OSError):
+            raise
+        raise CheckpointError(f"{path}: not a readable safetensors file ({exc})") from None
+
+
+def read_pickle(path: Path) -> Any:
+    """A checkpoint's torch file, read with ``weights_only=True`` explicitly
+    (TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1 only overrides calls that leave it unset, so a crafted
+    pickle never runs); refused in one line naming the file when it holds anything else."""
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except (pickle.UnpicklingError, RuntimeError, EOFError) as exc:
+        why = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise CheckpointError(
+            f"{path}: refused: not a checkpoint file this version wrote (a torch weights-only "
+            f"load failed: {why[:200]})"
+        ) from None
 
 
 # draft.layer_style of a checkpoint written before it became draft.qk_norm.
@@ -241,7 +313,7 @@ def load_draft_checkpoint(path: str | Path) -> tuple[RunConfig, dict[str, torch.
     if problems:
         raise CheckpointError(f"{path}: not a usable checkpoint: " + "; ".join(problems))
     cfg = stored_config(path)
-    state = load_file(str(path / DRAFT_FILE))
+    state = read_tensors(path / DRAFT_FILE)
     step = TrainerState.from_json((path / STATE_FILE).read_text()).step
     return cfg, state, step
 

@@ -126,7 +126,10 @@ def read_yaml(path: Path) -> tuple[dict[str, Any], dict[tuple[str, ...], int]]:
     """Parse a YAML mapping and remember the line of every key (for error messages)."""
     if not path.is_file():
         raise ConfigError(f"{path}: config file not found")
-    text = path.read_text()
+    try:
+        text = path.read_text()
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not a YAML text file (byte {exc.start} is not UTF-8)") from None
     try:
         node = yaml.compose(text)
         data = _load_yaml(text)
@@ -223,4 +226,9 @@ def _deep_copy(data: Any) -> Any:
 
 def dump_config(cfg: BaseModel, path: str | Path) -> None:
     """Write a resolved config as YAML (round-trips through ``load_config``)."""
-    Path(path).write_text(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))
+    Path(path).write_text(config_text(cfg))
+
+
+def config_text(cfg: BaseModel) -> str:
+    """A resolved config as the YAML text ``dump_config`` writes."""
+    return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)

@@ -27,11 +27,14 @@ from eagle_train.drafts.contract import PROVENANCE_FILE, contract_problems
 from eagle_train.drafts.registry import check_servable, get_draft
 from eagle_train.errors import UserError
 from eagle_train.fsutil import (
+    UnsafePathError,
     atomic_directory,
     check_no_overlap,
     check_output_path,
     check_replaceable,
+    confined,
     hold_lock,
+    naming_disk_full,
     remove_stale_temporaries,
 )
 from eagle_train.model_card import CARD_FILE, render_card
@@ -39,6 +42,9 @@ from eagle_train.run_config import DTYPES, RunConfig
 from eagle_train.target import TargetDescription, TargetError, load_target_description
 
 ExportFormat = Literal["vllm", "speculators"]
+# What every export writes (its provenance file lists them; exports from before the list
+# wrote these).
+EXPORT_FILES = sorted(("config.json", "model.safetensors", PROVENANCE_FILE, CARD_FILE))
 
 
 class ExportError(UserError, ValueError):
@@ -65,7 +71,7 @@ def export_draft(
     run), and replaced only when it is an earlier export or empty."""
     out = check_output_path(out_dir, "OUT_DIR")
     check_no_overlap(out, "OUT_DIR", [("checkpoint", Path(checkpoint))])
-    check_replaceable(out, "OUT_DIR", overwrite, is_export, "an export")
+    check_replaceable_export(out, overwrite)
     cfg, state, step = load_draft_checkpoint(checkpoint)
     source = {"checkpoint": str(Path(checkpoint).resolve()), "step": step}
     return export_state(state, cfg, out_dir, source, overwrite, fmt, verifier)
@@ -83,7 +89,7 @@ def export_state(
     """Validate ``state`` against vLLM's contract, cast to the target dtype, write atomically.
     ``verifier``: the target name recorded for serving (default: the training target path)."""
     out = Path(out_dir)
-    check_replaceable(out, "OUT_DIR", overwrite, is_export, "an export")
+    check_replaceable_export(out, overwrite)
     target = load_target_description(cfg.target.path, "target.path (of the run config)")
     spec = get_draft(cfg.draft.algorithm)
     try:
@@ -122,12 +128,14 @@ def export_state(
         "vllm_config": {**drafter.config, "dtype": cfg.target.dtype},
         "run_config": cfg.model_dump(mode="json"),
         "versions": versions(),
+        "files": EXPORT_FILES,  # what --overwrite may replace; anything else is the user's
     }
     out.parent.mkdir(parents=True, exist_ok=True)
     with hold_lock(out.parent / f".{out.name}.lock", f"export {out}"):
         remove_stale_temporaries(out)  # left by an export that was killed
-        check_replaceable(out, "OUT_DIR", overwrite, is_export, "an export")
-        _write_atomic(out, config, tensors, provenance)
+        check_replaceable_export(out, overwrite)
+        with naming_disk_full(out, "the export"):
+            _write_atomic(out, config, tensors, provenance)
     return out
 
 
@@ -177,6 +185,25 @@ def is_export(path: Path) -> bool:
     except (OSError, ValueError):
         return False
     return isinstance(info, dict) and "serving" in info and "versions" in info
+
+
+def check_replaceable_export(out: Path, overwrite: bool) -> None:
+    """``out`` may be replaced: new, empty, or an earlier export holding only the files its
+    provenance lists; a file the user added to an export makes ``--overwrite`` refuse."""
+    check_replaceable(out, "OUT_DIR", overwrite, is_export, "an export")
+    if not out.is_dir() or not is_export(out):
+        return
+    listed = json.loads((out / PROVENANCE_FILE).read_text()).get("files", EXPORT_FILES)
+    if not isinstance(listed, list):
+        raise UnsafePathError(f"{out / PROVENANCE_FILE}: 'files' must be a list of file names")
+    for name in listed:
+        confined(out, name, out / PROVENANCE_FILE)
+    foreign = sorted(p.name for p in out.iterdir() if p.name not in listed)
+    if foreign:
+        raise UnsafePathError(
+            f"OUT_DIR {out} is an earlier export but also holds {', '.join(foreign)}, which "
+            "export-draft did not write: move them out, or choose another OUT_DIR"
+        )
 
 
 def serving_config(

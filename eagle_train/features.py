@@ -10,6 +10,7 @@ from pathlib import Path
 
 from eagle_train.data.loader import PreparedData
 from eagle_train.drafts.registry import get_draft
+from eagle_train.fsutil import naming_disk_full
 from eagle_train.parallel import DistEnv, barrier, init_distributed, shutdown
 from eagle_train.run_config import DTYPES, RunConfig
 from eagle_train.target.cache import FeatureCache, FeatureCacheError, plan_shards
@@ -74,7 +75,9 @@ def prepare_features(cfg: RunConfig, settings: ExtractSettings) -> list[SplitRep
         splits = [("train", cfg.data.train_dir)] + ([("val", cfg.data.val)] if cfg.data.val else [])
         reports = []
         for split, data in splits:
-            reports.append(_prepare_split(cfg, target, layer_ids, split, Path(data), settings, env))
+            with naming_disk_full(Path(cfg.data.features) / split, "the feature cache"):
+                report = _prepare_split(cfg, target, layer_ids, split, Path(data), settings, env)
+            reports.append(report)
         return reports
     finally:
         shutdown(env)

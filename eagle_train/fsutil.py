@@ -67,11 +67,16 @@ def atomic_directory(final: Path) -> Iterator[Path]:
 
 def atomic_write_text(path: Path, text: str) -> None:
     """Write ``text`` to a temporary sibling, fsync it, and rename it over ``path``."""
+    atomic_write_bytes(path, text.encode())
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Write ``data`` to a temporary sibling, fsync it, and rename it over ``path``."""
     path = Path(path)
     tmp = path.parent / f".{path.name}.tmp-{uuid.uuid4().hex[:8]}"
     try:
-        with open(tmp, "w") as f:
-            f.write(text)
+        with open(tmp, "wb") as f:
+            f.write(data)
             f.flush()
             os.fsync(f.fileno())
         tmp.replace(path)
@@ -251,6 +256,45 @@ def _acquire(path: Path, what: str) -> int:
     os.ftruncate(fd, 0)
     os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}\n".encode(), 0)
     return fd
+
+
+def confined(root: Path, name: object, source: Path | str) -> Path:
+    """``root / name`` for a file name read from ``source`` (a manifest or state file inside
+    ``root``): refused unless it is a relative name that stays inside ``root`` with symlinks
+    followed, so a crafted manifest cannot make a command read (or hash, or replace) a file
+    elsewhere."""
+    root = Path(root)
+    if (
+        not isinstance(name, str)
+        or not name
+        or Path(name).is_absolute()
+        or ".." in Path(name).parts
+    ):
+        raise UnsafePathError(
+            f"{source}: file name {name!r} is not a relative path inside {root}: refusing it"
+        )
+    path = root / name
+    real_root, real = root.resolve(), path.resolve()
+    if real != real_root and real_root not in real.parents:
+        raise UnsafePathError(
+            f"{source}: {name!r} leads outside {root} (a symlink to {real}): refusing to read it"
+        )
+    return path
+
+
+@contextmanager
+def naming_disk_full(path: Path | str, what: str) -> Iterator[None]:
+    """A full disk inside the block, however it surfaced (an ``OSError`` without a file name,
+    a library's ``RuntimeError``), as one line naming ``path``: what was being written."""
+    try:
+        yield
+    except Exception as exc:
+        if isinstance(exc, UserError) or not is_disk_full(exc):
+            raise
+        raise UnsafePathError(
+            f"{path}: no space left on device while writing {what} (a partial write is "
+            "removed or redone): free space and run again"
+        ) from None
 
 
 def is_disk_full(exc: BaseException) -> bool:

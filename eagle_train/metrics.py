@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
+
+from eagle_train.fsutil import atomic_write_bytes, is_disk_full, naming_disk_full
 
 log = logging.getLogger(__name__)
 
@@ -52,8 +55,8 @@ class MetricLog(MetricSink):
     def __init__(self, out_dir: Path, tensorboard: bool, after_step: int = 0) -> None:
         self.path = out_dir / "metrics.jsonl"
         self.writer: Any = None
-        if after_step and self.path.is_file():
-            _truncate_after(self.path, after_step)
+        if self.path.is_file():
+            repair_metrics(self.path, after_step)
         if tensorboard:
             try:
                 from torch.utils.tensorboard import SummaryWriter
@@ -63,25 +66,70 @@ class MetricLog(MetricSink):
                 self.writer = SummaryWriter(
                     str(out_dir / "tensorboard"), purge_step=after_step + 1 if after_step else None
                 )
+                # A full disk in TensorBoard's writer thread is raised again (named) by the
+                # next write or close here; its thread's own traceback is not printed.
+                self._excepthook = threading.excepthook
+                threading.excepthook = self._quiet_disk_full
+
+    def _quiet_disk_full(self, args: Any) -> None:
+        writer_thread = type(args.thread).__name__ == "_AsyncWriterThread"
+        if not (writer_thread and is_disk_full(args.exc_value)):
+            self._excepthook(args)
 
     def write(self, split: str, step: int, metrics: dict[str, float]) -> None:
-        with open(self.path, "a") as f:
-            f.write(json.dumps({"split": split, "step": step, **metrics}) + "\n")
-        if self.writer is not None:
-            for key, value in metrics.items():
-                self.writer.add_scalar(f"{split}/{key}", value, step)
+        with naming_disk_full(self.path.parent, "metrics.jsonl or tensorboard/"):
+            with open(self.path, "a") as f:
+                f.write(json.dumps({"split": split, "step": step, **metrics}) + "\n")
+            if self.writer is not None:
+                for key, value in metrics.items():
+                    self.writer.add_scalar(f"{split}/{key}", value, step)
 
     def close(self) -> None:
         if self.writer is not None:
-            self.writer.close()
+            try:
+                with naming_disk_full(self.path.parent, "tensorboard/"):
+                    self.writer.close()
+            finally:
+                threading.excepthook = self._excepthook
 
 
-def _truncate_after(path: Path, step: int) -> None:
-    lines = [line for line in path.read_text().splitlines() if line.strip()]
-    kept = [line for line in lines if json.loads(line)["step"] <= step]
-    tmp = path.with_suffix(".jsonl.tmp")
-    tmp.write_text("".join(line + "\n" for line in kept))
-    tmp.replace(path)
+def repair_metrics(path: Path, after_step: int = 0) -> None:
+    """Make ``metrics.jsonl`` safe to append to: drop the records after ``after_step`` (when
+    set: a resumed run writes those steps again), and move lines that are not whole records
+    (a crash mid-write tears the last one) to ``metrics.jsonl.torn-N``, logged, so nothing
+    is lost and every complete line is kept."""
+    original = path.read_bytes()
+    kept, torn = [], []
+    for raw in original.splitlines(keepends=True):
+        step = _record_step(raw)
+        if step is None:
+            torn += [raw] if raw.strip() else []
+        elif not after_step or step <= after_step:
+            kept.append(raw if raw.endswith(b"\n") else raw + b"\n")
+    if torn:
+        n = 1
+        while path.with_name(f"{path.name}.torn-{n}").exists():
+            n += 1
+        side = path.with_name(f"{path.name}.torn-{n}")
+        atomic_write_bytes(side, b"".join(torn))
+        log.warning(
+            "%s: %d torn line(s) (a crash while writing) moved to %s; complete lines kept",
+            path,
+            len(torn),
+            side,
+        )
+    if b"".join(kept) != original:
+        atomic_write_bytes(path, b"".join(kept))
+
+
+def _record_step(raw: bytes) -> int | None:
+    """The step of a whole metrics record, None for anything else (a torn line)."""
+    try:
+        record = json.loads(raw)
+    except ValueError:
+        return None
+    step = record.get("step") if isinstance(record, dict) else None
+    return step if isinstance(step, int) and raw.strip().endswith(b"}") else None
 
 
 def read_metrics(path: Path, split: str = "train") -> list[dict[str, float]]:

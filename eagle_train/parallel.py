@@ -11,8 +11,11 @@ the others at once; without an agent, a peer blocked in a collective gets gloo's
 
 from __future__ import annotations
 
+import ctypes
 import datetime
 import os
+import signal
+import sys
 from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any, Literal, cast
@@ -50,10 +53,26 @@ class DistEnv:
         return self.world_size > 1
 
 
+def die_with_launcher(sig: int = signal.SIGTERM) -> None:
+    """Ask Linux to send ``sig`` to this process when its parent (torchrun's agent) dies, so
+    a killed launcher leaves no rank running (and holding the run lock). SIGTERM is the
+    preemption notice: a training rank saves a checkpoint at the end of its step and exits;
+    a second signal, or any other command, stops at once. Elsewhere: nothing."""
+    if not sys.platform.startswith("linux"):
+        return
+    parent = os.getppid()
+    pr_set_pdeathsig = 1
+    ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, sig)
+    if os.getppid() != parent:  # the launcher died while the signal was being armed
+        os.kill(os.getpid(), sig)
+
+
 def init_distributed(device: str, timeout_s: float) -> DistEnv:
     """Join torchrun's process group when launched by it (``WORLD_SIZE`` > 1), else a
     single process. ``device`` is ``auto``, ``cpu`` or ``cuda``; each rank gets
-    ``cuda:LOCAL_RANK`` on GPU machines."""
+    ``cuda:LOCAL_RANK`` on GPU machines. A rank torchrun started dies with it."""
+    if "TORCHELASTIC_RUN_ID" in os.environ:
+        die_with_launcher()
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))

@@ -27,7 +27,7 @@ from eagle_train.checkpoint import (
     load_for_resume,
     restore_rng_state,
 )
-from eagle_train.config import ConfigError, dump_config
+from eagle_train.config import ConfigError
 from eagle_train.data.loader import Batch, BatchLoader, PreparedData
 from eagle_train.data.mixture import open_training_data
 from eagle_train.data.packing import packing_budget
@@ -62,6 +62,7 @@ from eagle_train.parallel import (
 )
 from eagle_train.preemption import Preemption
 from eagle_train.run_config import RunConfig
+from eagle_train.run_dir import check_run_directory, write_run_config
 from eagle_train.target import FrozenTarget, load_target_description
 from eagle_train.target.source import FeatureSource
 
@@ -144,8 +145,10 @@ def open_run(cfg: RunConfig) -> Iterator[Run]:
     runs."""
     out = check_output_path(cfg.train.output_dir, "train.output_dir")
     cfg = with_resolved_paths(cfg, out)
+    check_run_directory(cfg, out)  # no input overlapped, nothing but an earlier run's files
     description = load_target_description(cfg.target.path)
     check_servable(get_draft(cfg.draft.algorithm), description)
+    get_draft(cfg.draft.algorithm).target_layer_ids(cfg.draft, description)  # ids in range
     check_draft_vocab_size(cfg, description.vocab_size)
     env = init_distributed(cfg.train.device, cfg.train.dist_timeout_s)
     with run_lock(out, env), Preemption(announce=env.is_main) as preemption:
@@ -160,7 +163,7 @@ def setup_run(cfg: RunConfig, env: DistEnv, out: Path, preemption: Preemption) -
     resumed = resume_point(cfg, out, env)
     if env.is_main:
         out.mkdir(parents=True, exist_ok=True)
-        dump_config(cfg, out / "config.yaml")
+        write_run_config(cfg, out)
 
     torch.manual_seed(cfg.train.seed)  # the same initial draft on every rank
     c = build_components(cfg, data, env, resumed.vocab if resumed else None)
@@ -287,7 +290,7 @@ def resume_point(cfg: RunConfig, out: Path, env: DistEnv) -> Resumed | None:
             problems = checkpoint_problems(Path(cfg.train.resume))
             if problems:
                 raise CheckpointError(
-                    f"cannot resume from {cfg.train.resume}:\n  " + "\n  ".join(problems)
+                    f"cannot resume from {cfg.train.resume}: " + "; ".join(problems)
                 )
             chosen = cfg.train.resume
         elif any(root.glob("step-*")) if root.is_dir() else False:

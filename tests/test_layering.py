@@ -16,7 +16,7 @@ ALLOWED: dict[str, set[str]] = {
     "errors": set(),  # UserError, the base of every user-facing error: any room may import it
     "config": set(),
     "fsutil": set(),
-    "metrics": set(),
+    "metrics": {"fsutil"},  # metrics.jsonl rewritten atomically
     "parallel": set(),
     "engine": set(),  # vLLM engine and its counters: below data and evaluate
     "preemption": set(),  # SIGTERM/SIGUSR1 -> checkpoint and exit 0
@@ -33,13 +33,15 @@ ALLOWED: dict[str, set[str]] = {
     "model_card": {"drafts", "fsutil"},  # an export's README.md
     "export": {"checkpoint", "drafts", "fsutil", "model_card", "run_config", "target"},
     # which target a run loads and where its features come from (online or a cache)
-    "features": {"data", "drafts", "parallel", "run_config", "target"},
+    "features": {"data", "drafts", "fsutil", "parallel", "run_config", "target"},
+    # what train.output_dir may hold, and the run's config.yaml
+    "run_dir": {"checkpoint", "config", "fsutil", "run_config"},
     "acceptance_probe": {"evaluate", "export", "run_config"},  # vLLM AL during training
     # the Run the loop is set up with: checks, run lock, resume point, components, draft
     # vocabulary, optimizer, metrics sink, acceptance probe
     "train_setup": {
         *("acceptance_probe", "checkpoint", "config", "data", "drafts", "features", "fsutil"),
-        *("metrics", "optim", "parallel", "preemption", "run_config", "target"),
+        *("metrics", "optim", "parallel", "preemption", "run_config", "run_dir", "target"),
     },
     # the loop: imports the Run from train_setup and never calls back into it
     "train": {

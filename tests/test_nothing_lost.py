@@ -7,7 +7,6 @@ from __future__ import annotations
 import errno
 import json
 import os
-import pickle
 import shutil
 import stat
 from pathlib import Path
@@ -17,7 +16,7 @@ import torch
 from conftest import draft_vocab_sets
 from typer.testing import CliRunner
 
-from eagle_train.checkpoint import checkpoint_problems, load_for_resume
+from eagle_train.checkpoint import CheckpointError, checkpoint_problems, load_for_resume
 from eagle_train.cli import export_draft_app, train_draft_app
 from eagle_train.config import load_config
 from eagle_train.export import PROVENANCE_FILE
@@ -112,10 +111,12 @@ def test_export_overwrite_refuses_what_it_did_not_write(run_dir: Path, tmp_path:
     out = tmp_path / "drafter"
     out.mkdir()
     assert export(ckpt, out, "--overwrite").exit_code == 0
-    (out / "stale.bin").write_bytes(b"from an older export")
     result = export(ckpt, out, "--overwrite")
     assert result.exit_code == 0, result.output
-    assert not (out / "stale.bin").exists() and (out / PROVENANCE_FILE).is_file()
+    assert (out / PROVENANCE_FILE).is_file()
+    (out / "notes.md").write_text("mine")  # a file the user added: refused (issue 24)
+    assert export(ckpt, out, "--overwrite").exit_code == 2
+    assert (out / "notes.md").read_text() == "mine"
 
 
 @pytest.mark.slow  # trains a run
@@ -324,7 +325,7 @@ def test_a_pickle_payload_in_optimizer_pt_is_refused(run_dir: Path, tmp_path: Pa
     marker = tmp_path / "payload-ran"
     torch.save({"state": {}, "evil": _Payload(marker)}, ckpt / "optimizer.pt")
     monkeypatch.setenv("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", "1")
-    with pytest.raises(pickle.UnpicklingError, match="Weights only load failed"):
+    with pytest.raises(CheckpointError, match="optimizer.pt: refused.*Weights only load failed"):
         load_for_resume(ckpt)
     assert not marker.exists()
     # The truth about the variable: it turns a call that leaves weights_only unset into a

@@ -24,7 +24,13 @@ from eagle_train.data.chat import ChatRenderer
 from eagle_train.data.config import HubDataset, PrepareDataConfig
 from eagle_train.data.errors import BadRecordPolicy, DataError
 from eagle_train.data.generation import GenerationBackend, GenerationSettings
-from eagle_train.data.records import Record, RecordReader, iter_raw, parse_record
+from eagle_train.data.records import (
+    Record,
+    RecordReader,
+    iter_raw,
+    parse_record,
+    record_byte_limit,
+)
 from eagle_train.data.regenerate import (
     RegenerationPlan,
     RegenerationReport,
@@ -41,7 +47,9 @@ from eagle_train.data.store import (
     write_meta,
 )
 from eagle_train.data.synthesize import SynthesisReport, synthesize_prompts
+from eagle_train.data.tokenizer import load_tokenizer
 from eagle_train.data.vocab import COUNTS_FILE, TokenCounter, save_token_counts
+from eagle_train.fsutil import naming_disk_full
 
 logger = logging.getLogger(__name__)
 
@@ -95,9 +103,7 @@ def prepare_data(cfg: PrepareDataConfig) -> PrepareReport:
     missing = [str(p) for p in cfg.inputs if not p.exists()]
     if missing:
         raise DataError(f"inputs not found: {', '.join(missing)}", reason="config")
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(str(cfg.tokenizer))
+    tokenizer = load_tokenizer(cfg.tokenizer)
     renderer = ChatRenderer(tokenizer, _read_template(cfg.chat_template), cfg.chat_template_kwargs)
     # The trainer builds the draft vocabulary (of the draft's configured size) from these.
     counter = TokenCounter(_checked_vocab_size(cfg, tokenizer))
@@ -111,7 +117,7 @@ def prepare_data(cfg: PrepareDataConfig) -> PrepareReport:
         if backend is not None:
             report.synthesis = run_synthesis(cfg, renderer, backend)
             inputs.append(report.synthesis.path)
-        reader = RecordReader(inputs, policy, cfg.limit)
+        reader = RecordReader(inputs, policy, cfg.limit, record_byte_limit(cfg.max_length))
         records = reader
         if cfg.regenerate.enabled:
             report.regeneration, regen_meta = run_regeneration(
@@ -123,7 +129,8 @@ def prepare_data(cfg: PrepareDataConfig) -> PrepareReport:
         if backend is not None:
             backend.close()
 
-    with atomic_output_dir(cfg.output_dir, cfg.overwrite) as tmp:
+    prepared = naming_disk_full(cfg.output_dir, "the prepared data")
+    with prepared, atomic_output_dir(cfg.output_dir, cfg.overwrite) as tmp:
         writer = ExampleWriter(tmp)
         _write_examples(records, renderer, cfg.max_length, writer, counter, policy, report)
         report.num_records = reader.num_records

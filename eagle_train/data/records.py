@@ -65,12 +65,23 @@ def parse_record(obj: Any, source: str, line: int) -> Record:
     return Record(id=record_id, messages=messages, source=source, line=line)
 
 
-def iter_raw(path: Path) -> Iterator[tuple[int, Any]]:
-    """Yield ``(line, object)`` for every record of one input; a malformed line yields a DataError."""
+def record_byte_limit(max_length: int) -> int:
+    """The largest JSON Lines record (bytes) worth parsing for rows of ``max_length`` tokens.
+    A token is rarely more than 64 bytes of JSON: about 4 bytes of English text per token,
+    at most 12 for an escaped non-BMP character (``\\ud83d\\ude00``), so 64 leaves a 5x
+    margin; 64 KiB more covers keys, roles and metadata. A longer record would be cut to
+    max_length after tokenizing all of it, which for one 50 MB line took minutes and
+    gigabytes: it is refused before it is even parsed."""
+    return 64 * max_length + (64 << 10)
+
+
+def iter_raw(path: Path, max_bytes: int | None = None) -> Iterator[tuple[int, Any]]:
+    """Yield ``(line, object)`` for every record of one input; a malformed line (or a JSON
+    Lines record over ``max_bytes``) yields a DataError."""
     if path.is_dir():
         yield from _iter_saved_dataset(path)
     elif path.suffix in JSONL_SUFFIXES or (path.suffix == ".json" and _starts_with_object(path)):
-        yield from _iter_jsonl(path)
+        yield from _iter_jsonl(path, max_bytes)
     elif path.suffix in DATASETS_FORMATS:
         yield from _iter_datasets_file(path, DATASETS_FORMATS[path.suffix])
     else:
@@ -88,9 +99,23 @@ def _starts_with_object(path: Path) -> bool:
     return head.startswith(b"{")
 
 
-def _iter_jsonl(path: Path) -> Iterator[tuple[int, Any]]:
+def _iter_jsonl(path: Path, max_bytes: int | None = None) -> Iterator[tuple[int, Any]]:
+    limit = max_bytes or -1
     with path.open("rb") as f:
-        for line_no, raw in enumerate(f, 1):
+        for line_no, raw in enumerate(
+            iter(lambda: f.readline(limit + 1 if limit > 0 else -1), b""), 1
+        ):
+            if limit > 0 and len(raw) > limit:
+                size = len(raw) + _skip_line(f)  # never held in memory whole
+                yield (
+                    line_no,
+                    DataError(
+                        f"{path}:{line_no}: record of {size} bytes, over the {limit} bytes a "
+                        "record of max_length tokens can need (64 per token): split or drop it",
+                        reason="oversize_record",
+                    ),
+                )
+                continue
             if not raw.strip():
                 continue
             try:
@@ -108,6 +133,16 @@ def _iter_jsonl(path: Path) -> Iterator[tuple[int, Any]]:
                         reason="malformed_json",
                     ),
                 )
+
+
+def _skip_line(f: Any) -> int:
+    """Read past the rest of the current line in bounded chunks; its byte count."""
+    skipped = 0
+    while chunk := f.readline(1 << 20):
+        skipped += len(chunk)
+        if chunk.endswith(b"\n"):
+            break
+    return skipped
 
 
 def _iter_datasets_file(path: Path, fmt: str) -> Iterator[tuple[int, Any]]:
@@ -164,10 +199,12 @@ class RecordReader:
         paths: Iterable[str | Path | HubDataset],
         policy: BadRecordPolicy,
         limit: int | None = None,
+        max_record_bytes: int | None = None,
     ) -> None:
         self.paths = [p if isinstance(p, HubDataset) else Path(p) for p in paths]
         self.policy = policy
         self.limit = limit
+        self.max_record_bytes = max_record_bytes
         self.num_records = 0
 
     def __iter__(self) -> Iterator[Record]:
@@ -178,7 +215,7 @@ class RecordReader:
             else:
                 if not path.exists():
                     raise DataError(f"{path}: input not found", reason="missing_input")
-                source, rows = str(path), iter_raw(path)
+                source, rows = str(path), iter_raw(path, self.max_record_bytes)
             for line, obj in rows:
                 if self.limit is not None and self.num_records >= self.limit:
                     return

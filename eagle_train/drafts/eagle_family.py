@@ -12,6 +12,7 @@ import torch
 from torch import Tensor, nn
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
+from eagle_train.config import ConfigError
 from eagle_train.drafts import kernels
 from eagle_train.drafts.base import SpeculatorsFields
 from eagle_train.drafts.common import (
@@ -49,7 +50,7 @@ def aux_layer_ids(configured: list[int] | None, target: TargetDescription) -> li
     num_layers = target.num_layers
     ids = list(configured or target.default_aux_layer_ids)
     if len(set(ids)) != len(ids) or any(not 0 <= k <= num_layers for k in ids):
-        raise ValueError(
+        raise ConfigError(
             f"draft.aux_layer_ids {ids} must be distinct layer counts in 0..{num_layers} "
             f"(the target has {num_layers} layers); set draft.aux_layer_ids explicitly"
         )

@@ -30,6 +30,7 @@ from safetensors import safe_open
 from torch import Tensor
 
 from eagle_train.errors import UserError
+from eagle_train.fsutil import confined
 
 IDENTITY = "identity.json"
 MANIFEST = "manifest.json"
@@ -135,7 +136,7 @@ class FeatureCache:
         self.starts = [start for start, _ in self.manifest["shards"]]
         if check_sizes:
             for i, entry in enumerate(self.manifest["files"]):
-                file = self.path / f"{shard_name(i)}.safetensors"
+                file = self.shard_file(i)
                 size = file.stat().st_size if file.is_file() else None
                 if size != entry["bytes"]:
                     raise FeatureCacheError(
@@ -158,10 +159,26 @@ class FeatureCache:
                 f"{self.path} was made for something else: " + "; ".join(problems)
             )
 
+    def shard_file(self, index: int) -> Path:
+        """Shard ``index``'s file, refused when a symlink leads it out of the cache."""
+        return confined(self.path, f"{shard_name(index)}.safetensors", self.path / MANIFEST)
+
     def _shard(self, index: int):
         if index not in self._open:
-            file = self.path / f"{shard_name(index)}.safetensors"
-            handle = safe_open(file, framework="pt")
+            file = self.shard_file(index)
+            # Each shard is hashed on its first read by this process (one sequential read
+            # of its bytes), so a corrupt shard is named instead of training on garbage.
+            if _sha256(file) != self.manifest["files"][index]["sha256"]:
+                raise FeatureCacheError(
+                    f"{file}: sha256 differs from the one {self.path / MANIFEST} records "
+                    "(corrupt): rebuild this cache with prepare-features"
+                )
+            try:
+                handle = safe_open(file, framework="pt")
+            except Exception as exc:  # SafetensorError: a bad header
+                raise FeatureCacheError(
+                    f"{file}: not a readable safetensors file ({exc})"
+                ) from None
             self._open[index] = (handle, handle.get_tensor("offsets").tolist())
         return self._open[index]
 
@@ -184,14 +201,18 @@ def verify_cache(path: str | Path) -> list[str]:
     cache = FeatureCache(path)
     problems = []
     for i, entry in enumerate(cache.manifest["files"]):
-        file = cache.path / f"{shard_name(i)}.safetensors"
-        digest = hashlib.sha256()
-        with file.open("rb") as f:
-            while chunk := f.read(1 << 24):
-                digest.update(chunk)
-        if digest.hexdigest() != entry["sha256"]:
+        file = cache.shard_file(i)
+        if _sha256(file) != entry["sha256"]:
             problems.append(f"{file}: sha256 differs from the manifest (corrupt)")
     return problems
+
+
+def _sha256(file: Path) -> str:
+    digest = hashlib.sha256()
+    with file.open("rb") as f:
+        while chunk := f.read(1 << 24):
+            digest.update(chunk)
+    return digest.hexdigest()
 
 
 def stack_rows(rows: list[list[Tensor]], total: int) -> list[Tensor]:

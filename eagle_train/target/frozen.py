@@ -21,6 +21,7 @@ from transformers import (
     PreTrainedModel,
 )
 
+from eagle_train.config import ConfigError
 from eagle_train.target.description import TargetDescription, describe_target
 from eagle_train.target.location import from_pretrained
 
@@ -83,8 +84,8 @@ class FrozenTarget(nn.Module):
     def check_layer_ids(self, layer_ids: list[int]) -> None:
         bad = [k for k in layer_ids if not 0 <= k <= self.num_layers]
         if bad:
-            raise ValueError(
-                f"aux layer ids {bad} out of range: the target has {self.num_layers} layers, "
+            raise ConfigError(
+                f"draft.aux_layer_ids: layer ids {bad} out of range: the target has {self.num_layers} layers, "
                 f"ids count layers run (0 = embeddings .. {self.num_layers})"
             )
 

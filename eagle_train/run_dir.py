@@ -1,0 +1,117 @@
+"""The run directory of ``train-draft`` (``train.output_dir``): what may be in it, and its
+``config.yaml``.
+
+A run directory is written into only when it is new, empty, or recognisably an earlier
+``train-draft`` run: every entry is one train-draft writes, and its ``config.yaml`` is one
+train-draft wrote and nobody edited since (its first line holds the sha256 of the rest).
+Anything else (the config file passed to ``-c``, a user's notes, another tool's output) is
+refused in one line naming it, and so is an output that is, holds or lies inside one of the
+run's inputs. So ``train-draft -c myexp/config.yaml --set train.output_dir=myexp`` never
+rewrites the user's config, and never appends to a ``metrics.jsonl`` that is not the run's.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import hashlib
+from pathlib import Path
+
+from eagle_train.checkpoint import list_checkpoints
+from eagle_train.config import config_text
+from eagle_train.fsutil import UnsafePathError, atomic_write_text, check_no_overlap
+from eagle_train.run_config import RunConfig
+
+CONFIG_FILE = "config.yaml"
+LOCK_FILE = ".train-draft.lock"
+# Every top-level entry a run writes (the loop, the checkpoints, the acceptance probe, the
+# lock), and what a killed writer may leave (fsutil temporaries, a torn metrics line).
+RUN_ENTRIES = frozenset(
+    {CONFIG_FILE, LOCK_FILE, "metrics.jsonl", "checkpoints", "best", "tensorboard", "acceptance"}
+)
+RUN_PATTERNS = (
+    "metrics.jsonl.torn-*",
+    "metrics.jsonl.tmp",
+    ".metrics.jsonl*.tmp-*",
+    f".{CONFIG_FILE}.tmp-*",
+)
+_HEADER = "# Written by train-draft: the resolved config of this run (sha256 {}). Edit a copy.\n"
+_PREFIX = _HEADER.split("{}")[0]
+
+
+def run_inputs(cfg: RunConfig) -> list[tuple[str, Path | None]]:
+    """(name, path) of every input a run reads, which its output may not overlap."""
+    train = cfg.data.train
+    sources = [train] if isinstance(train, Path) else [s.path for s in train]
+    return [
+        *(("dataset", path) for path in sources),
+        ("validation dataset", cfg.data.val),
+        ("feature cache", cfg.data.features),
+        ("target", cfg.target.path),
+        ("warm-start drafter", getattr(cfg.draft, "init_from", None)),
+    ]
+
+
+def check_run_directory(cfg: RunConfig, out: Path) -> None:
+    """Refuse ``out`` (``train.output_dir``, resolved) when it overlaps an input or holds
+    anything that is not an earlier train-draft run's, naming what is there."""
+    check_no_overlap(out, "train.output_dir", run_inputs(cfg))
+    if out.is_symlink() or (out.exists() and not out.is_dir()):
+        raise UnsafePathError(f"train.output_dir {out} exists and is not a directory")
+    problem = run_directory_problem(out)
+    if problem:
+        raise UnsafePathError(
+            f"train.output_dir {out} {problem}: it is not an earlier train-draft run; choose a "
+            "new or empty directory (a config file passed to -c belongs outside the run "
+            "directory)"
+        )
+
+
+def run_directory_problem(out: Path) -> str | None:
+    """What in ``out`` shows it is not an earlier train-draft run (None: new, empty, or an
+    earlier run: only entries a run writes, its config.yaml (or a checkpoint) among them)."""
+    if not out.is_dir():
+        return None
+    names = sorted(p.name for p in out.iterdir())
+    foreign = [n for n in names if n not in RUN_ENTRIES and not _is_leftover(n)]
+    if CONFIG_FILE in names and not is_run_config(out / CONFIG_FILE):
+        foreign.insert(0, f"{CONFIG_FILE} (not written by train-draft, or edited since)")
+    if foreign:
+        more = f" and {len(foreign) - 5} more" if len(foreign) > 5 else ""
+        return f"holds {', '.join(foreign[:5])}{more}, which train-draft did not write"
+    written = [n for n in names if n != LOCK_FILE and not _is_leftover(n)]
+    if written and CONFIG_FILE not in names and not list_checkpoints(out / "checkpoints"):
+        return f"holds {', '.join(written)} but no {CONFIG_FILE} or checkpoint of a run"
+    return None
+
+
+def _is_leftover(name: str) -> bool:
+    return any(fnmatch.fnmatchcase(name, p) for p in RUN_PATTERNS)
+
+
+def write_run_config(cfg: RunConfig, out: Path) -> None:
+    """Write (atomically) the run's resolved config as ``out/config.yaml``, with the header
+    that marks it as train-draft's own."""
+    body = config_text(cfg)
+    atomic_write_text(out / CONFIG_FILE, _HEADER.format(_sha256(body)) + body)
+
+
+def is_run_config(path: Path) -> bool:
+    """True when ``path`` is a config train-draft wrote and nobody changed: its header's
+    sha256 matches the rest, or (a run from before the header) it equals the config stored
+    in one of the run's checkpoints."""
+    if path.is_symlink() or not path.is_file():
+        return False
+    try:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError):
+        return False
+    first, _, body = text.partition("\n")
+    if first.startswith(_PREFIX):
+        return first + "\n" == _HEADER.format(_sha256(body))
+    stored = [*path.parent.glob("checkpoints/step-*/config.yaml")]
+    stored += path.parent.glob("best/step-*/config.yaml")
+    return any(p.is_file() and p.read_bytes() == text.encode() for p in stored)
+
+
+def _sha256(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
