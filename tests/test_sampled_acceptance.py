@@ -182,3 +182,31 @@ def test_greedy_limit_is_the_drafts_own_greedy_estimate(tiny_world: Path) -> Non
     assert abs(at1["sim_accept_len_sampled"] - greedy["sim_accept_len"]) > 1e-3
     off = SimpleNamespace(temperature=0.0, top_p=1.0, top_k=None)
     assert sampled_estimate(spec, draft, features, batch, cfg, greedy, off) == {}
+
+
+def test_validation_reports_the_sampled_estimate_beside_the_greedy_one(
+    tiny_world: Path, tiny_llama_data: Path, tmp_path: Path
+) -> None:
+    """train.acceptance.temperature > 0: every validation record carries
+    sim_accept_len_sampled (in [1, K+1]) next to sim_accept_len; at 0 it has none."""
+    from test_train import CONFIG, overrides
+    from typer.testing import CliRunner
+
+    from eagle_train.cli import train_draft_app
+    from eagle_train.metrics import read_metrics
+
+    for temperature, out in ((0.7, tmp_path / "hot"), (0.0, tmp_path / "greedy")):
+        args = ["--config", str(CONFIG)]
+        for o in [
+            *overrides(tiny_world, tiny_llama_data, out, steps=6),
+            f"train.acceptance.temperature={temperature}",
+        ]:
+            args += ["--set", o]
+        result = CliRunner().invoke(train_draft_app, args)
+        assert result.exit_code == 0, result.output
+        val = read_metrics(out / "metrics.jsonl", "val")
+        assert val and all("sim_accept_len" in r for r in val)
+        if temperature:
+            assert all(1.0 <= r["sim_accept_len_sampled"] <= 4.0 for r in val), val
+        else:
+            assert not any("sim_accept_len_sampled" in r for r in val)
