@@ -104,7 +104,9 @@ def _acceptance_lines(acceptance: dict[str, Any] | None) -> list[str]:
         ]
     lines = [
         f"Measured by eval-acceptance on {acceptance['prompts']} (turns {acceptance['turns']}, "
-        f"greedy, one request at a time), K={acceptance['num_speculative_tokens']}; "
+        # absent from cards written before sampled runs: those were all greedy
+        f"{acceptance.get('sampling', {}).get('label', 'greedy')}, one request at a time), "
+        f"K={acceptance['num_speculative_tokens']}; "
         f"target alone {acceptance['baseline_tokens_per_s']:.1f} tokens/s.",
         "",
         "| category | requests | tokens per target step | AL over drafted steps | tokens/s "
@@ -137,6 +139,7 @@ def record_acceptance(drafter_dir: str | Path, summary: dict[str, Any]) -> bool:
         "prompts": summary["prompts"],
         "turns": summary["turns"],
         "baseline_tokens_per_s": summary["baseline_tokens_per_s"],
+        "sampling": summary.get("sampling", {}),  # absent from summaries before it
         **mine,
     }
     atomic_write_text(provenance_path, json.dumps(provenance, indent=2) + "\n")

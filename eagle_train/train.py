@@ -22,6 +22,7 @@ from eagle_train.checkpoint import capture_rng_state, checkpoint_name, save_chec
 from eagle_train.data.loader import Batch
 from eagle_train.data.packing import meter_metrics
 from eagle_train.drafts.base import loss_parts
+from eagle_train.drafts.sampled_acceptance import sampled_estimate
 from eagle_train.errors import UserError
 from eagle_train.metrics import WeightedMean, format_metrics
 from eagle_train.parallel import (
@@ -208,7 +209,16 @@ def validate(run: Run) -> dict[str, float]:
             batch = to_device(batch, c.device)
             features = c.val_features.for_batch(batch)
             result = c.spec.compute_loss(c.draft, features, batch, run.cfg.draft)
-            mean.add(result.metrics, result.weight)
+            sampled = sampled_estimate(  # at train.acceptance's temperature, when > 0
+                c.spec,
+                c.draft,
+                features,
+                batch,
+                run.cfg.draft,
+                result.metrics,
+                run.cfg.train.acceptance,
+            )
+            mean.add({**result.metrics, **sampled}, result.weight)
     c.draft.train()
     return _reduce(mean, env) if shard else mean.result()
 

@@ -22,6 +22,10 @@ is not retrained), is exported to OUT/NAME/drafter, and both are evaluated into 
 (a finished evaluation is reused unless --reevaluate). The tables go to OUT/paired-A-vs-B.md
 and .json. An arm name used again in another comparison under the same
 OUT reuses its run. Everything runs through the CLIs.
+
+At a serving temperature (``--temperature 0.8 [--top-p 0.95] [--top-k 50] [--seed 1]``, the
+settings of eval-acceptance): the evaluation samples, each request seeded, and both arms
+train with the same ``train.acceptance`` settings (validation's ``sim_accept_len_sampled``).
 """
 
 from __future__ import annotations
@@ -50,6 +54,27 @@ def parse_arms(specs: list[str]) -> list[tuple[str, list[str]]]:
     if len(arms) != 2 or arms[0][0] == arms[1][0]:
         raise ValueError(f"need exactly two arms with distinct names, got {[a for a, _ in arms]}")
     return arms
+
+
+def sampling_sets(args: argparse.Namespace) -> list[str]:
+    """``key=value`` of the sampling flags given, checked by eval-acceptance's own schema
+    before anything trains (top_p/top_k without a temperature are refused)."""
+    from pydantic import ValidationError
+
+    from eagle_train.evaluate.settings import Sampling
+
+    given = {
+        k: getattr(args, k)
+        for k in ("temperature", "top_p", "top_k", "seed")
+        if getattr(args, k) is not None
+    }
+    try:
+        Sampling(**given)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        where = "--" + "-".join(str(x) for x in err["loc"]).replace("_", "-") if err["loc"] else ""
+        raise ValueError(f"{where or 'sampling'}: {err['msg']}") from None
+    return [f"{k}={v}" for k, v in given.items()]
 
 
 def cli(code: Path, *args: str) -> None:
@@ -108,8 +133,13 @@ def main() -> None:
     p.add_argument("--max-new-tokens", type=int, default=256)
     p.add_argument("--kv-cache-memory-bytes", type=int)
     p.add_argument("--reevaluate", action="store_true", help="measure a finished pair again")
+    p.add_argument("--temperature", type=float, help="sample at this temperature (0: greedy)")
+    p.add_argument("--top-p", type=float)
+    p.add_argument("--top-k", type=int)
+    p.add_argument("--seed", type=int, help="the evaluation's seed (one per request from it)")
     args = p.parse_args()
     try:
+        args.sampling = sampling_sets(args)
         arms = parse_arms(args.arm or DEFAULT_ARMS)
         code = {name: REPO for name, _ in arms}
         for spec in args.arm_code:
@@ -135,7 +165,8 @@ def run_experiment(args: argparse.Namespace, arms: list, code: dict[str, Path]) 
     drafters, info = [], {}
     for name, overrides in arms:
         run = args.out / name / "run"
-        sets = [*args.set, *overrides, f"train.output_dir={run}"]
+        sampled = [f"train.acceptance.{s}" for s in args.sampling]
+        sets = [*args.set, *sampled, *overrides, f"train.output_dir={run}"]
         cli(
             code[name], "train-draft", "-c", str(args.config), "--resume", "auto",
             *[x for s in sets for x in ("--set", s)],
@@ -165,7 +196,7 @@ def run_experiment(args: argparse.Namespace, arms: list, code: dict[str, Path]) 
         "num_prompts": args.limit,
         "kv_cache_memory_bytes": args.kv_cache_memory_bytes,
     }
-    sets = [f"{k}={v}" for k, v in settings.items() if v is not None]
+    sets = [f"{k}={v}" for k, v in settings.items() if v is not None] + args.sampling
     if (eval_dir / "summary.json").is_file() and not args.reevaluate:
         print(f"{eval_dir}: finished evaluation reused (--reevaluate measures again)")
     else:

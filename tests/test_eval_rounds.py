@@ -28,7 +28,7 @@ class FakeEngine:
     def __init__(self, name: str, machine: Machine, seconds_per_token: float) -> None:
         self.name, self.machine, self.spt = name, machine, seconds_per_token
 
-    def generate_one_by_one(self, prompts, sampling):
+    def generate_one_by_one(self, prompts, sampling, seeds=None):
         out = []
         self.machine.log.append(self.name)
         for p in prompts:

@@ -207,10 +207,16 @@ class VllmEngine:
         return Measured(tokens, self.counters() - before, seconds)
 
     def generate_one_by_one(
-        self, prompts: list[list[int]], sampling: dict[str, Any]
+        self, prompts: list[list[int]], sampling: dict[str, Any], seeds: list[int] | None = None
     ) -> list[Measured]:
-        """One request at a time (concurrency 1), each measured."""
-        return [self.generate_measured(p, sampling) for p in prompts]
+        """One request at a time (concurrency 1), each measured; ``seeds``: one per request
+        (sampled decoding), into its ``SamplingParams``."""
+        if seeds is None:
+            return [self.generate_measured(p, sampling) for p in prompts]
+        return [
+            self.generate_measured(p, {**sampling, "seed": s})
+            for p, s in zip(prompts, seeds, strict=True)
+        ]
 
     def generate_greedy(
         self, prompts: list[list[int]], max_new_tokens: int, ignore_eos: bool = False

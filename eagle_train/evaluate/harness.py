@@ -1,10 +1,11 @@
 """The acceptance-length harness: the target alone and each drafter on the same prompts,
-greedy, one request at a time, counters read as deltas around every request. The target
+greedy or sampled (``sampling.py``: each request with its own seed), one request at a time, counters read as deltas around every request. The target
 alone and the drafter take turns in rounds of requests (``rounds.py``), each engine alive in
 its own process, so a load change on the machine cannot skew their speed ratio.
 
 Turn 2 of a multi-turn prompt is asked with the target's own first answer in the context
-(taken from the no-draft run; greedy speculative decoding would produce the same answer).
+(taken from the no-draft run; greedy speculative decoding would produce the same answer,
+sampled decoding an answer from the same distribution).
 Every drafter is read and checked against vLLM's contract before any engine starts.
 """
 
@@ -23,6 +24,7 @@ from eagle_train.engine.vllm_engine import Measured, cuda_available
 from eagle_train.evaluate.drafter import DrafterInfo, inspect_drafter
 from eagle_train.evaluate.prompts import EvalPrompt, load_prompts
 from eagle_train.evaluate.rounds import Round, interleave
+from eagle_train.evaluate.sampling import request_seed, sampling_params
 from eagle_train.evaluate.settings import EvalSettings
 from eagle_train.evaluate.steps import decode_steps
 from eagle_train.target import load_target_description
@@ -44,6 +46,9 @@ class EvalRun:
     drafters: list[DrafterInfo]
     records: list[dict[str, Any]] = field(default_factory=list)
     rounds: dict[str, list[Round]] = field(default_factory=dict)  # per drafter
+    # Sampled runs: per engine ("target" or the drafter), whether its warm-up request,
+    # served twice with one seed, drew the same tokens both times.
+    reproducible: dict[str, bool] = field(default_factory=dict)
 
 
 def run_eval(settings: EvalSettings) -> EvalRun:
@@ -64,14 +69,14 @@ def run_eval(settings: EvalSettings) -> EvalRun:
     if not settings.baseline:  # drafters alone (acceptance during training): no speed ratio
         for info in infos:
             with _open(settings, info, alive=1) as engine:
-                _warm_up(engine, first[0])
+                _warm_up(engine, first[0], run, str(info.path))
                 _record(run.records, str(info.path), first, engine.measure(first, settings))
         return run
     if not settings.interleave:
         return _one_after_another(run, tokenizer, prompts, first)
     alive = 2 if infos else 1
     with _open(settings, None, alive) as target:
-        _warm_up(target, first[0])
+        _warm_up(target, first[0], run, "target")
         if not infos:
             answers = target.measure(first, settings)
             _record(run.records, "target", first, answers)
@@ -79,7 +84,7 @@ def run_eval(settings: EvalSettings) -> EvalRun:
             _record(run.records, "target", second, target.measure(second, settings))
         for i, info in enumerate(infos):
             with _open(settings, info, alive) as drafter:
-                _warm_up(drafter, first[0])
+                _warm_up(drafter, first[0], run, str(info.path))
                 rounds = run.rounds.setdefault(str(info.path), [])
                 t1 = _interleaved(target, drafter, first, str(info.path), run, i == 0, rounds)
                 if i == 0:
@@ -97,14 +102,14 @@ def _one_after_another(
     # Each engine in a fresh process all the same: vLLM does not survive building many
     # engines in one process (the sixth failed in its kernel registry on CPU).
     with _open(settings, None, 1, separate=True) as target:
-        _warm_up(target, first[0])
+        _warm_up(target, first[0], run, "target")
         answers = target.measure(first, settings)
         _record(run.records, "target", first, answers)
         second = _second_turn(tokenizer, prompts, answers, settings)
         _record(run.records, "target", second, target.measure(second, settings))
     for info in run.drafters:
         with _open(settings, info, 1, separate=True) as drafter:
-            _warm_up(drafter, first[0])
+            _warm_up(drafter, first[0], run, str(info.path))
             for requests in (first, second):
                 _record(run.records, str(info.path), requests, drafter.measure(requests, settings))
     return run
@@ -149,6 +154,7 @@ def _interleaved(
         [r.token_ids for r in requests],
         _sampling(run.settings),
         run.settings.round_size,
+        _seeds(requests, run.settings),
     )
     offset = len(rounds)
     for r in new_rounds:
@@ -178,12 +184,13 @@ class EngineProcess:
         return self._call("generate", prompts, sampling)
 
     def generate_one_by_one(
-        self, prompts: list[list[int]], sampling: dict[str, Any]
+        self, prompts: list[list[int]], sampling: dict[str, Any], seeds: list[int] | None = None
     ) -> list[Measured]:
-        return self._call("generate_one_by_one", prompts, sampling)
+        return self._call("generate_one_by_one", prompts, sampling, seeds)
 
     def measure(self, requests: list[Request], settings: EvalSettings) -> list[Measured]:
-        return self.generate_one_by_one([r.token_ids for r in requests], _sampling(settings))
+        prompts = [r.token_ids for r in requests]
+        return self.generate_one_by_one(prompts, _sampling(settings), _seeds(requests, settings))
 
     def __enter__(self) -> EngineProcess:
         return self
@@ -218,12 +225,28 @@ def _open(
 
 
 def _sampling(settings: EvalSettings) -> dict[str, Any]:
-    return dict(temperature=0.0, max_tokens=settings.max_new_tokens, ignore_eos=settings.ignore_eos)
+    """The requests' sampling parameters, less the seed (``_seeds``: one per request)."""
+    return sampling_params(settings, settings.max_new_tokens, settings.ignore_eos)
 
 
-def _warm_up(engine: EngineProcess, request: Request) -> None:
-    """One untimed request: the first one of an engine pays one-off setup costs."""
-    engine.generate([request.token_ids], dict(temperature=0.0, max_tokens=8))
+def _seeds(requests: list[Request], settings: EvalSettings) -> list[int] | None:
+    """Each request's seed (from the run's seed, the prompt id and the turn); None: greedy."""
+    if settings.temperature == 0:
+        return None
+    return [request_seed(settings.seed, r.prompt.id, r.turn) for r in requests]
+
+
+def _warm_up(engine: EngineProcess, request: Request, run: EvalRun, name: str) -> None:
+    """One untimed request: the first one of an engine pays one-off setup costs. Sampled
+    runs serve it twice with one seed and record whether the tokens were the same."""
+    settings = run.settings
+    if settings.temperature == 0:
+        engine.generate([request.token_ids], dict(temperature=0.0, max_tokens=8))
+        return
+    seed = request_seed(settings.seed, request.prompt.id, request.turn)
+    params = sampling_params(settings, 8, False, seed)
+    first, again = (engine.generate([request.token_ids], params)[0] for _ in range(2))
+    run.reproducible[name] = first == again
 
 
 def _render(

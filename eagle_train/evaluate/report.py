@@ -9,6 +9,7 @@ from typing import Any
 
 from eagle_train.evaluate.harness import EvalRun
 from eagle_train.evaluate.rounds import speedup_summary
+from eagle_train.evaluate.sampling import label
 from eagle_train.evaluate.stats import paired_difference
 from eagle_train.evaluate.steps import (
     drafted_step_share,
@@ -30,14 +31,16 @@ def summarize(run: EvalRun) -> dict[str, Any]:
     per-request mean: the fair comparison across proposers, ``steps.py``) beside AL over
     drafted steps (1 + accepted/drafts) and its per-request mean, per-position acceptance,
     tokens/s and the speedup over the target alone on the same requests; the interleaved
-    speedup (median over rounds, quartiles, range, fault flag); how many greedy outputs
-    equal the target alone's; paired differences in per-request tokens per target step of
+    speedup (median over rounds, quartiles, range, fault flag); greedy: how many outputs
+    equal the target alone's, sampled: whether each engine drew the same tokens twice from
+    one seed (sampled outputs are not the target alone's: only their distribution is); paired differences in per-request tokens per target step of
     every further drafter against the first."""
     by_model: dict[str, list[dict]] = defaultdict(list)
     for r in run.records:
         by_model[r["model"]].append(r)
     baseline_tps = _tokens_per_s(by_model["target"]) if by_model["target"] else 0.0
     target = {(r["id"], r["turn"]): r for r in by_model["target"]}
+    greedy = run.settings.temperature == 0
     drafters = {}
     for info in run.drafters:
         name = str(info.path)
@@ -57,12 +60,18 @@ def summarize(run: EvalRun) -> dict[str, Any]:
             },
             "categories": categories,
             "speedup": speedup_summary(run.rounds.get(name, []), overall["tokens_per_target_step"]),
-            "greedy_equal_to_target": _greedy_equal(rows, target),
+            "greedy_equal_to_target": _greedy_equal(rows, target) if greedy else None,
+            "reproducible": run.reproducible.get(name),
         }
     summary = {
         "target": str(run.settings.target),
         "prompts": run.settings.prompts,
         "turns": run.settings.turns,
+        "sampling": {
+            "label": label(run.settings),
+            **run.settings.model_dump(include={"temperature", "top_p", "top_k", "seed"}),
+        },
+        "target_reproducible": run.reproducible.get("target"),
         "baseline_tokens_per_s": baseline_tps,
         "drafters": drafters,
         "paired": _paired(run, by_model),
@@ -136,6 +145,8 @@ def to_markdown(summary: dict[str, Any]) -> str:
         f"# Acceptance length: {summary['target']} ({summary['prompts']}, "
         f"turns {summary['turns']})",
         "",
+        f"Decoding: {summary['sampling']['label']}",
+        "",
         f"Target alone: {summary['baseline_tokens_per_s']:.1f} tokens/s",
         "",
     ]
@@ -198,6 +209,13 @@ def _speed_lines(d: dict[str, Any]) -> list[str]:
             f"Greedy outputs equal to the target alone's: {eq['equal']} of {eq['requests']} "
             "(bf16 logits tie often, and multi-token verification accumulates differently "
             "from one-token decoding)"
+        )
+    if d.get("reproducible") is not None:
+        lines.append(
+            "Sampled: outputs are not compared with the target alone's (rejection sampling "
+            "keeps the target's distribution, not its samples). Checked instead: the warm-up "
+            "request served twice with one seed drew "
+            + ("the same tokens" if d["reproducible"] else "**different tokens**")
         )
     return lines + [""] if lines else []
 

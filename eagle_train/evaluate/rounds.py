@@ -21,7 +21,7 @@ from eagle_train.engine import Measured
 
 class MeasuringEngine(Protocol):
     def generate_one_by_one(
-        self, prompts: list[list[int]], sampling: dict[str, Any]
+        self, prompts: list[list[int]], sampling: dict[str, Any], seeds: list[int] | None = None
     ) -> list[Measured]: ...
 
 
@@ -46,18 +46,23 @@ def interleave(
     prompts: list[list[int]],
     sampling: dict[str, Any],
     round_size: int,
+    seeds: list[int] | None = None,
 ) -> tuple[list[Measured], list[Measured], list[Round]]:
     """Serve ``prompts`` (one request at a time) on both engines in rounds of ``round_size``
-    requests, alternating which engine goes first. Returns each engine's measurements in
-    prompt order and the rounds."""
+    requests, alternating which engine goes first; ``seeds``: each request's (sampled runs,
+    the same on both engines). Returns each engine's measurements in prompt order and the
+    rounds."""
     target_out: list[Measured] = []
     drafter_out: list[Measured] = []
     rounds: list[Round] = []
     for r, start in enumerate(range(0, len(prompts), round_size)):
         chunk = prompts[start : start + round_size]
+        chunk_seeds = None if seeds is None else seeds[start : start + round_size]
         target_first = r % 2 == 0
         order = [target, drafter] if target_first else [drafter, target]
-        results = {id(engine): engine.generate_one_by_one(chunk, sampling) for engine in order}
+        results = {
+            id(engine): engine.generate_one_by_one(chunk, sampling, chunk_seeds) for engine in order
+        }
         t, d = results[id(target)], results[id(drafter)]
         target_out += t
         drafter_out += d

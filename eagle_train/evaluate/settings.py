@@ -10,12 +10,36 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from eagle_train.config import StrictModel
 
 
-class AcceptanceSettings(StrictModel):
+class Sampling(StrictModel):
+    """How every request is decoded: greedy (temperature 0, the default) or sampled as a
+    server samples (vLLM verifies the drafts by rejection sampling). Each request is seeded
+    with ``request_seed(seed, prompt id, turn)`` (``evaluate/sampling.py``), so a rerun draws
+    the same tokens. The same settings drive train.acceptance's probe and the offline
+    ``sim_accept_len_sampled`` of validation."""
+
+    temperature: float = Field(default=0.0, ge=0)
+    top_p: float = Field(default=1.0, gt=0, le=1)  # 1: off
+    top_k: int | None = Field(default=None, ge=1)  # None: off
+    seed: int = Field(default=0, ge=0)  # the run's seed; each request's is derived from it
+
+    @model_validator(mode="after")
+    def _sampled_only(self) -> Sampling:
+        if self.temperature == 0:
+            for key, off in (("top_p", self.top_p == 1.0), ("top_k", self.top_k is None)):
+                if not off:
+                    raise ValueError(
+                        f"{key} applies only when sampling: set temperature > 0 (temperature "
+                        "0 is greedy decoding, which takes the argmax and samples nothing)"
+                    )
+        return self
+
+
+class AcceptanceSettings(Sampling):
     prompts: str = "mt_bench"  # or a JSONL of prompts/messages
     num_prompts: int | None = Field(default=None, ge=1)  # the first N prompts; None: all
     turns: Literal[1, 2] = 2  # 1: first turn only; 2: both turns

@@ -1,0 +1,195 @@
+"""eval-acceptance at a serving temperature, without vLLM: the settings (declared once,
+refused where they do not apply), the per-request seeds, how they reach the engines, and
+what the report says instead of greedy equality."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from eagle_train.cli import app
+from eagle_train.config import ConfigError, load_config
+from eagle_train.engine import Measured
+from eagle_train.engine.counters import SpecCounters
+from eagle_train.evaluate.drafter import DrafterInfo
+from eagle_train.evaluate.harness import EngineProcess, EvalRun, Request, _interleaved
+from eagle_train.evaluate.prompts import EvalPrompt
+from eagle_train.evaluate.report import summarize, to_markdown
+from eagle_train.evaluate.sampling import request_seed, sampling_params
+from eagle_train.evaluate.settings import EvalSettings
+from eagle_train.run_config import RunConfig
+
+REPO = Path(__file__).resolve().parents[1]
+BASE = ["target=t", "drafters=[d]"]
+
+
+def test_sampling_settings_are_one_schema_for_eval_and_training() -> None:
+    s = load_config(EvalSettings, None, [*BASE, "temperature=0.7", "top_p=0.9", "top_k=20"])
+    assert (s.temperature, s.top_p, s.top_k, s.seed) == (0.7, 0.9, 20, 0)
+    cfg = load_config(
+        RunConfig,
+        REPO / "configs" / "train" / "eagle3-llama-demo.yaml",
+        ["target.path=t", "data.train=d", "train.acceptance.temperature=1.0"],
+    )
+    assert cfg.train.acceptance.temperature == 1.0
+    # the probe hands train.acceptance to eval-acceptance's schema as it is
+    probe = EvalSettings(
+        **cfg.train.acceptance.model_dump(exclude={"every"}), target=Path("t"), drafters=[Path("d")]
+    )
+    assert probe.temperature == 1.0
+
+
+@pytest.mark.parametrize("key", ["top_p=0.9", "top_k=5"])
+def test_top_p_and_top_k_are_refused_when_greedy(key: str) -> None:
+    name = key.split("=")[0]
+    with pytest.raises(ConfigError, match=f"{name} applies only when sampling"):
+        load_config(EvalSettings, None, [*BASE, key])
+    with pytest.raises(ConfigError, match=f"train.acceptance.*{name} applies only"):
+        load_config(
+            RunConfig,
+            REPO / "configs" / "train" / "eagle3-llama-demo.yaml",
+            ["target.path=t", "data.train=d", f"train.acceptance.{key}"],
+        )
+    for bad in ("temperature=-0.1", "top_p=0", "top_p=1.5", "top_k=0"):
+        with pytest.raises(ConfigError, match=bad.split("=")[0]):
+            load_config(EvalSettings, None, [*BASE, "temperature=1", bad])
+
+
+def test_eval_acceptance_refuses_in_one_line_before_any_engine(tmp_path: Path) -> None:
+    result = CliRunner().invoke(
+        app,
+        ["eval-acceptance", "--target", "t", "--draft", "ngram", "--set", "top_k=4"],
+    )
+    assert result.exit_code == 2, result.output
+    errors = [line for line in result.output.splitlines() if "top_k" in line]
+    assert len(errors) == 1 and "Traceback" not in result.output, result.output
+
+
+def test_request_seed_is_stable_distinct_and_order_free() -> None:
+    seeds = {request_seed(s, p, t) for s in (0, 1) for p in ("81", "82") for t in (1, 2)}
+    assert len(seeds) == 8 and all(0 <= x < 2**31 for x in seeds)
+    # not Python's salted string hash: another process with another hash seed agrees
+    code = "from eagle_train.evaluate.sampling import request_seed; print(request_seed(3, 'x', 2))"
+    env = {**os.environ, "PYTHONHASHSEED": "123", "PYTHONPATH": str(REPO)}
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+    )
+    assert int(out.stdout) == request_seed(3, "x", 2)
+
+
+def test_sampling_params_are_vllms_keywords() -> None:
+    greedy = load_config(EvalSettings, None, BASE)
+    assert sampling_params(greedy, 16, True) == dict(max_tokens=16, ignore_eos=True, temperature=0)
+    hot = load_config(EvalSettings, None, [*BASE, "temperature=0.8", "top_k=7"])
+    params = sampling_params(hot, 16, False, seed=42)
+    assert params == dict(
+        max_tokens=16, ignore_eos=False, temperature=0.8, top_p=1.0, top_k=7, seed=42
+    )
+    from vllm import SamplingParams  # the keywords vLLM takes
+
+    assert SamplingParams(**params).seed == 42
+
+
+class RecordingEngine:
+    def __init__(self) -> None:
+        self.calls: list[tuple[dict, list[int] | None]] = []
+
+    def generate_one_by_one(self, prompts, sampling, seeds=None):
+        self.calls.append((sampling, seeds))
+        return [Measured([1, 2], SpecCounters(), 1.0) for _ in prompts]
+
+
+def _requests(ids: list[str]) -> list[Request]:
+    return [Request(EvalPrompt(id=i, category="c", turns=("x",)), 1, [5, 6]) for i in ids]
+
+
+def _interleave_with(settings: EvalSettings, ids: list[str]) -> tuple[RecordingEngine, ...]:
+    engines = RecordingEngine(), RecordingEngine()
+    wrapped = []
+    for engine in engines:
+        process = EngineProcess.__new__(EngineProcess)
+        process.engine = engine
+        wrapped.append(process)
+    run = EvalRun(settings=settings, drafters=[])
+    _interleaved(wrapped[0], wrapped[1], _requests(ids), "d", run, True, [])
+    return engines
+
+
+def test_each_request_carries_its_own_seed_on_both_engines() -> None:
+    hot = load_config(EvalSettings, None, [*BASE, "temperature=1", "seed=9", "round_size=2"])
+    target, drafter = _interleave_with(hot, ["a", "b", "c"])
+    expected = [request_seed(9, i, 1) for i in "abc"]
+    for engine in (target, drafter):
+        assert [s for _, seeds in engine.calls for s in seeds] == expected
+        assert all(sampling["temperature"] == 1 for sampling, _ in engine.calls)
+    # a request's seed is its own, not its place in the run
+    (_, seeds), *_ = _interleave_with(hot, ["c", "a"])[0].calls
+    assert seeds == [expected[2], expected[0]]
+    greedy = load_config(EvalSettings, None, BASE)
+    target, _ = _interleave_with(greedy, ["a"])
+    assert target.calls == [(dict(max_tokens=256, ignore_eos=False, temperature=0.0), None)]
+
+
+def _record(model: str, pid: str, output: list[int]) -> dict:
+    return {
+        "model": model,
+        "id": pid,
+        "category": "c",
+        "turn": 1,
+        "round": None,
+        "prompt_tokens": 4,
+        "new_tokens": len(output),
+        "seconds": 1.0,
+        "drafts": 2,
+        "accepted": 1,
+        "decode_steps": 3,
+        "acceptance_length": 1.5,
+        "accepted_per_pos": [1],
+        "output": output,
+    }
+
+
+def test_a_sampled_report_labels_its_settings_and_drops_greedy_equality() -> None:
+    info = DrafterInfo(Path("d"), None, "eagle3", 1)  # type: ignore[arg-type]
+    sets = [*BASE, "temperature=0.6", "top_p=0.95", "seed=4"]
+    run = EvalRun(load_config(EvalSettings, None, sets), [info])
+    run.records = [_record("target", "a", [1, 2, 3]), _record("d", "a", [1, 2, 3])]
+    run.reproducible = {"target": True, "d": False}
+    summary = summarize(run)
+    d = summary["drafters"]["d"]
+    assert d["greedy_equal_to_target"] is None and d["reproducible"] is False
+    assert summary["sampling"]["temperature"] == 0.6 and summary["sampling"]["seed"] == 4
+    md = to_markdown(summary)
+    assert "Decoding: sampled (temperature 0.6, top_p 0.95; seed 4" in md
+    assert "Greedy outputs equal" not in md and "**different tokens**" in md
+    json.dumps(summary)  # summary.json stays plain JSON
+    greedy = EvalRun(load_config(EvalSettings, None, BASE), [info], records=run.records)
+    g = summarize(greedy)
+    assert g["drafters"]["d"]["greedy_equal_to_target"] == {"equal": 1, "requests": 1}
+    assert "Decoding: greedy (temperature 0)" in to_markdown(g)
+
+
+def test_ab_experiment_takes_the_same_sampling_settings() -> None:
+    import argparse
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("ab_sampling", REPO / "scripts/ab_experiment.py")
+    ab = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+    spec.loader.exec_module(ab)  # type: ignore[union-attr]
+
+    def flags(**kw):
+        return argparse.Namespace(**{"temperature": None, "top_p": None, "top_k": None,
+                                     "seed": None, **kw})  # fmt: skip
+
+    assert ab.sampling_sets(flags()) == []
+    assert ab.sampling_sets(flags(temperature=0.8, top_k=5)) == ["temperature=0.8", "top_k=5"]
+    with pytest.raises(ValueError, match="top_p applies only when sampling"):
+        ab.sampling_sets(flags(top_p=0.9))  # refused before anything trains
+    with pytest.raises(ValueError, match="--top-k"):
+        ab.sampling_sets(flags(temperature=1.0, top_k=0))
