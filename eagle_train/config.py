@@ -19,9 +19,10 @@ M = TypeVar("M", bound=BaseModel)
 
 
 class StrictModel(BaseModel):
-    """Base of every config section: unknown keys are errors, fields are validated on set."""
+    """Base of every config section: unknown keys are errors, fields are validated on set,
+    and no number is inf or nan (``lr=inf`` would train to NaN after one step)."""
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
 
 class ConfigError(UserError, ValueError):

@@ -110,6 +110,17 @@ class TrainSection(StrictModel):
     dist_timeout_s: float = Field(default=600.0, gt=0)  # collectives, when no agent stops us
     tensorboard: bool = True
     progress: bool = True
+
+    @field_validator("resume", mode="before")
+    @classmethod
+    def _resume_is_not_a_boolean(cls, value: Any) -> Any:
+        if isinstance(value, bool):  # YAML reads yes/no/true/false as booleans
+            raise ValueError(
+                f"expected auto, a checkpoint path or null (got {str(value).lower()}: "
+                "for 'continue where it stopped' write auto)"
+            )
+        return value
+
     acceptance: TrainAcceptance = TrainAcceptance()  # vLLM acceptance length while training
 
 

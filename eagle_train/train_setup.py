@@ -307,7 +307,15 @@ def resume_point(cfg: RunConfig, out: Path, env: DistEnv) -> Resumed | None:
             f"{chosen}: the draft section differs from this run's config "
             f"(checkpoint {resumed.config.draft!r}, now {cfg.draft!r})"
         )
-    log.info("resuming from %s (step %d)", chosen, resumed.state.step)
+    step, max_steps = resumed.state.step, cfg.train.max_steps
+    if step > max_steps:
+        raise CheckpointError(
+            f"{chosen}: the checkpoint is at step {step}, past train.max_steps {max_steps}: "
+            "raise train.max_steps to continue training it"
+        )
+    if step == max_steps:
+        log.warning("%s is at train.max_steps %d already: nothing left to train", chosen, step)
+    log.info("resuming from %s (step %d)", chosen, step)
     return resumed
 
 

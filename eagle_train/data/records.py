@@ -186,6 +186,35 @@ def iter_hub(spec: HubDataset) -> Iterator[tuple[int, Any]]:
     yield from enumerate(rows, 1)
 
 
+def expand_folders(paths: list[Path | HubDataset]) -> list[Path | HubDataset]:
+    """Each folder that is not a saved dataset becomes its data files (.jsonl, .ndjson,
+    .json, .parquet, .arrow, in sorted path order, subfolders included)."""
+    suffixes = {*JSONL_SUFFIXES, *DATASETS_FORMATS}
+    out: list[Path | HubDataset] = []
+    for path in paths:
+        if not isinstance(path, Path) or not path.is_dir() or _is_saved_dataset(path):
+            out.append(path)
+            continue
+        files = sorted(
+            f
+            for f in path.rglob("*")
+            if f.is_file() and f.suffix in suffixes and not f.name.startswith(".")
+        )
+        if not files:
+            raise DataError(
+                f"{path}: a folder with no data files ({', '.join(sorted(suffixes))}) that is "
+                "not a saved dataset either",
+                reason="missing_input",
+            )
+        out.extend(files)
+    return out
+
+
+def _is_saved_dataset(path: Path) -> bool:
+    """What ``datasets``' ``save_to_disk`` leaves: a Dataset's or a DatasetDict's index."""
+    return any((path / name).is_file() for name in ("state.json", "dataset_dict.json"))
+
+
 class RecordReader:
     """Iterates the valid records of several inputs, applying the bad-record policy.
 
@@ -201,7 +230,7 @@ class RecordReader:
         limit: int | None = None,
         max_record_bytes: int | None = None,
     ) -> None:
-        self.paths = [p if isinstance(p, HubDataset) else Path(p) for p in paths]
+        self.paths = expand_folders([p if isinstance(p, HubDataset) else Path(p) for p in paths])
         self.policy = policy
         self.limit = limit
         self.max_record_bytes = max_record_bytes
