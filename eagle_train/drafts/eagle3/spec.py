@@ -54,7 +54,7 @@ class Eagle3Spec:
             draft_vocab_size=vd,
             qk_norm=layer_style(cfg.layer_style, desc) == "qwen3",
         )
-        draft = Eagle3Draft(shape, desc).float()
+        draft = Eagle3Draft(shape, desc, cfg).float()
         set_backend(draft, cfg.attention)
         with torch.no_grad():
             draft.embed_tokens.weight.copy_(target.embed_tokens().weight.float())
