@@ -38,7 +38,9 @@ CASES = [("llama", v) for v in VARIANTS] + [("qwen3", "layers3-eagle31")]
 
 @pytest.fixture(scope="module")
 def vllm_parallel():
-    """vLLM's (single-rank, gloo) parallel state its layers need; torn down afterwards."""
+    """vLLM's (single-rank, gloo) parallel state its layers need; torn down afterwards.
+    No engine is started (so this is not a slow ``vllm`` test); skipped without vLLM."""
+    pytest.importorskip("vllm")
     from vllm.config import VllmConfig, set_current_vllm_config
     from vllm.distributed import parallel_state as ps
 
