@@ -61,6 +61,32 @@ def test_demo_config_matches_golden(algorithm: str, family: str) -> None:
     assert drafter.config == json.loads(golden.read_text())
 
 
+# EAGLE-3 variants beside the shipped configs: multi-layer, and EAGLE-3.1's three switches.
+VARIANTS = {
+    "layers2": ["draft.num_layers=2"],
+    "eagle31": ["draft.norm_before_fc=true", "draft.fc_norm=true", "draft.norm_output=true"],
+}
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+@pytest.mark.parametrize("family", ["llama", "qwen3"])
+def test_eagle3_variant_config_matches_golden(variant: str, family: str) -> None:
+    cfg = load_config(
+        RunConfig, REPO / "configs" / "train" / f"eagle3-{family}-demo.yaml", VARIANTS[variant]
+    )
+    spec = get_draft("eagle3")
+    target = demo_target(family)
+    vocab = build_vocab_mapping(torch.arange(2048).flip(0), 1024)
+    drafter = spec.to_vllm(
+        spec.build(cfg.draft, target, vocab).state_dict(), cfg.draft, target.description
+    )
+    validate_drafter(spec, drafter, target.description)
+    golden = GOLDEN / f"eagle3-{family}-{variant}-demo.config.json"
+    if os.environ.get("UPDATE_GOLDEN") == "1":
+        golden.write_text(json.dumps(drafter.config, indent=2) + "\n")
+    assert drafter.config == json.loads(golden.read_text())
+
+
 def small_drafter(family: str = "llama"):
     cfg = load_config(RunConfig, REPO / "configs" / "train" / f"eagle3-{family}-demo.yaml")
     spec = get_draft("eagle3")

@@ -110,12 +110,24 @@ def to_safeailab(native: Path, out: Path) -> Path:
     return out
 
 
-@pytest.mark.parametrize(("algorithm", "layout"), CASES)
+# Multi-layer EAGLE-3.1: its later layers and extra norms travel in every layout too.
+EAGLE31_2L = (
+    "draft.num_layers=2",
+    "draft.norm_before_fc=true",
+    "draft.fc_norm=true",
+    "draft.norm_output=true",
+)
+VARIANT_CASES = [("eagle3", layout, EAGLE31_2L) for layout in layouts("eagle3")]
+
+
+@pytest.mark.parametrize(
+    ("algorithm", "layout", "overrides"), [(a, lay, ()) for a, lay in CASES] + VARIANT_CASES
+)
 def test_export_then_init_from_gives_the_same_loss(
-    algorithm: str, layout: str, llama: FrozenTarget, tmp_path: Path
+    algorithm: str, layout: str, overrides: tuple[str, ...], llama: FrozenTarget, tmp_path: Path
 ) -> None:
     spec = get_draft(algorithm)
-    cfg = run_config(algorithm, llama)
+    cfg = run_config(algorithm, llama, *overrides)
     vocab = vocab_of(96, 512, seed=5) if spec.uses_draft_vocab else None
     trained = built(spec, cfg.draft, llama, vocab, seed=0)
     fmt = "speculators" if layout == "speculators" else "vllm"
@@ -190,6 +202,9 @@ def test_another_vocabulary_size_moves_head_rows_by_target_id(llama: FrozenTarge
     [
         (["draft.aux_layer_ids=[0,1,2]"], "eagle3", "eagle_aux_hidden_state_layer_ids"),
         (["draft.qk_norm=true"], "eagle3", "draft.qk_norm"),
+        (["draft.num_layers=2"], "eagle3", "num_hidden_layers is 1, this run's draft has 2"),
+        (["draft.fc_norm=true"], "eagle3", "set draft.fc_norm"),
+        (["draft.norm_output=true"], "eagle3", "set draft.norm_output"),
         ([], "dflash", "draft.algorithm is 'dflash'"),
         ([], "peagle", "draft.algorithm is 'peagle'"),
     ],

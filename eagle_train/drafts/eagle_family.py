@@ -172,8 +172,9 @@ def fused_vllm_config(
     draft_vocab_size: int,
     head_dim: int,
 ) -> dict[str, Any]:
-    """vLLM's config.json of a fused-first-layer drafter (one layer; P-EAGLE adds more):
-    vLLM builds q/k norm into a Qwen3-style layer and none into a Llama one."""
+    """vLLM's config.json of a fused-first-layer drafter (one layer; EAGLE-3 and P-EAGLE set
+    their own num_hidden_layers): vLLM builds q/k norm into a Qwen3-style layer and none into
+    a Llama one."""
     style = "qwen3" if qk_norm else "llama"
     config: dict[str, Any] = {
         "architectures": ["Qwen3ForCausalLM" if style == "qwen3" else "LlamaForCausalLM"],
@@ -203,6 +204,9 @@ def fused_tensors(
         "norm.weight": (h,),
         "lm_head.weight": (vd, h),
     }
+    for i in range(1, config.get("num_hidden_layers", 1)):  # ordinary layers: q/k/v over H
+        shapes.update(layer_tensors(config, i, qk_norm=config["model_type"] == "qwen3"))
+    shapes.update(eagle31_tensors(config))
     if vd != v:  # without d2t vLLM maps draft ids 0..Vd-1 and acceptance collapses
         shapes["d2t"] = (vd,)
     # Absent: vLLM shares the target's embedding; present and different: the draft's own.
@@ -265,6 +269,18 @@ def fused_from_speculators(
 # (``input_norm``), ``fc_norm`` one RMSNorm per aux chunk (``fc_norm.i``), ``norm_output``
 # the next step's hidden taken after the final norm instead of before it.
 EAGLE31_SWITCHES = ("norm_before_fc", "fc_norm", "norm_output")
+
+
+def eagle31_tensors(config: dict[str, Any]) -> dict[str, tuple[int, ...]]:
+    """The norms vLLM builds for the EAGLE-3.1 switches set in ``config``."""
+    n, th = config["num_aux_hidden_states"], config["target_hidden_size"]
+    shapes: dict[str, tuple[int, ...]] = {}
+    if config.get("norm_before_fc"):
+        shapes["input_norm.weight"] = (n * th,)
+    if config.get("fc_norm"):
+        shapes.update({f"fc_norm.{i}.weight": (th,) for i in range(n)})
+    return shapes
+
 
 # SafeAILab's EAGLE-3 checkpoints name the fused layer ``midlayer``; vLLM renames it.
 _SAFEAILAB_RENAMES = {"midlayer.": "layers.0."}

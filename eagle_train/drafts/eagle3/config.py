@@ -17,6 +17,17 @@ class Eagle3Config(DraftConfigBase):
     # Training-time test: K draft steps per position, step k weighted decay^k (normalised).
     ttt_steps: int = Field(default=7, ge=1)
     step_decay: float = Field(default=0.8, gt=0, le=1)
+    # Decoder layers: the first reads cat(embedding, hidden) (2H wide), the others are
+    # ordinary pre-norm decoder layers over H (vLLM's llama_eagle3.py); every TTT step runs
+    # all of them. Exported as num_hidden_layers.
+    num_layers: int = Field(default=1, ge=1)
+    # EAGLE-3.1, vLLM's drafter config switches of the same names (all false: EAGLE-3).
+    # One RMSNorm over the concatenated aux features before fc (tensor input_norm):
+    norm_before_fc: bool = False
+    # One RMSNorm per aux layer's chunk of the features before fc (tensors fc_norm.i):
+    fc_norm: bool = False
+    # The next TTT step's hidden is the final-normed output instead of the pre-norm one:
+    norm_output: bool = False
     # RMSNorm over each head's q and k before rotary (vLLM serves it as a Qwen3-style layer,
     # without as a Llama one); None: as the target's attention does.
     qk_norm: bool | None = None

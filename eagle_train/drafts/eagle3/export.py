@@ -1,5 +1,5 @@
 """EAGLE-3 -> vLLM ``method="eagle3"`` (docs/algorithms/eagle3.md): config.json and tensor names
-(the fused-layer drafter the EAGLE family shares, one layer)."""
+(the fused-layer drafter the EAGLE family shares: N layers, EAGLE-3.1's switches)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from torch import Tensor
 from eagle_train.drafts.base import VllmDrafter
 from eagle_train.drafts.eagle3.config import Eagle3Config
 from eagle_train.drafts.eagle_family import (
+    EAGLE31_SWITCHES,
     draft_qk_norm,
     fused_from_speculators,
     fused_import,
@@ -28,7 +29,14 @@ def vllm_config(
     head_dim: int,
 ) -> dict[str, Any]:
     qk_norm = draft_qk_norm(cfg.qk_norm, target)
-    return fused_vllm_config(qk_norm, target, layer_ids, draft_vocab_size, head_dim)
+    config = fused_vllm_config(qk_norm, target, layer_ids, draft_vocab_size, head_dim)
+    # vLLM's loader reads num_hidden_layers and the EAGLE-3.1 switches (absent: false).
+    config.update(num_hidden_layers=cfg.num_layers, **eagle31_switches(cfg))
+    return config
+
+
+def eagle31_switches(cfg: Eagle3Config) -> dict[str, bool]:
+    return {key: getattr(cfg, key) for key in EAGLE31_SWITCHES}
 
 
 def expected_tensors(
@@ -53,7 +61,10 @@ def to_vllm(
         tensors=tensors,
         method="eagle3",
         num_speculative_tokens=cfg.ttt_steps,
-        speculators=fused_speculators("eagle3", "Eagle3Speculator", config, state),
+        # vLLM's speculators loader reads the switches at the top level only.
+        speculators=fused_speculators(
+            "eagle3", "Eagle3Speculator", config, state, **eagle31_switches(cfg)
+        ),
     )
 
 

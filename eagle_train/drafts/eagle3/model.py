@@ -1,8 +1,11 @@
-"""The EAGLE-3 draft: fc over fused target features, one fused decoder layer, own lm_head.
+"""The EAGLE-3 draft: fc over fused target features, a fused first decoder layer, (N-1)
+ordinary decoder layers, own lm_head; optionally EAGLE-3.1's extra norms.
 
-Parameter names are vLLM's EAGLE-3 names (``fc``, ``layers.0.*``, ``norm``, ``lm_head``), so
-export is a filter and a dtype cast, not a rename. The module is single-device; DDP/FSDP wrap
-it from outside.
+Parameter names are vLLM's EAGLE-3 names (``fc``, ``input_norm``, ``fc_norm.i``,
+``layers.i.*``, ``norm``, ``lm_head``), so export is a filter and a dtype cast, not a rename.
+As in vLLM's ``llama_eagle3.py`` only layer 0 reads ``cat(embedding, hidden)``; later layers
+are pre-norm decoder layers over H. The module is single-device; DDP/FSDP wrap it from
+outside.
 """
 
 from __future__ import annotations
@@ -14,7 +17,14 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from eagle_train.drafts.common import RMSNorm, rotary_embedding
-from eagle_train.drafts.eagle_family import DraftShape, FusedLayer, shift_left
+from eagle_train.drafts.eagle3.config import Eagle3Config
+from eagle_train.drafts.eagle_family import (
+    DecoderLayer,
+    DraftShape,
+    FusedLayer,
+    LayerKV,
+    shift_left,
+)
 from eagle_train.drafts.ttt_attention import ttt_attention
 from eagle_train.target import TargetDescription
 
@@ -25,40 +35,64 @@ class DraftOutput:
 
 
 class Eagle3Draft(nn.Module):
-    def __init__(self, s: DraftShape, target: TargetDescription) -> None:
+    def __init__(self, s: DraftShape, target: TargetDescription, cfg: Eagle3Config) -> None:
         super().__init__()
         self.shape = s
+        fc_in = s.num_aux * s.target_hidden_size
         self.embed_tokens = nn.Embedding(s.vocab_size, s.hidden_size)
-        self.fc = nn.Linear(s.num_aux * s.target_hidden_size, s.hidden_size, bias=False)
-        self.layers = nn.ModuleList([FusedLayer(s)])
+        # EAGLE-3.1: one norm over the concatenated features, and/or one per aux layer.
+        self.input_norm = RMSNorm(fc_in, s.rms_norm_eps) if cfg.norm_before_fc else None
+        self.fc_norm = (
+            nn.ModuleList(RMSNorm(s.target_hidden_size, s.rms_norm_eps) for _ in range(s.num_aux))
+            if cfg.fc_norm
+            else None
+        )
+        self.fc = nn.Linear(fc_in, s.hidden_size, bias=False)
+        self.layers = nn.ModuleList(
+            [FusedLayer(s), *(DecoderLayer(s) for _ in range(cfg.num_layers - 1))]
+        )
         self.norm = RMSNorm(s.hidden_size, s.rms_norm_eps)
+        self.norm_output = cfg.norm_output  # next step's hidden: after the final norm
         self.lm_head = nn.Linear(s.hidden_size, s.draft_vocab_size, bias=False)
         # target_id = draft_id + d2t[draft_id]; t2d marks target ids inside the draft vocab.
         self.register_buffer("d2t", torch.zeros(s.draft_vocab_size, dtype=torch.long))
         self.register_buffer("t2d", torch.ones(s.vocab_size, dtype=torch.bool))
         self.rotary = rotary_embedding(target)  # the target's RoPE, scaling included
 
-    def step(
-        self, hidden: Tensor, tokens: Tensor, positions: Tensor, kv: list[tuple[Tensor, Tensor]]
-    ) -> Tensor:
-        """One TTT step. ``hidden`` (B,T,H) is fc(aux) at step 0, else the previous step's
-        pre-norm output; ``tokens`` (B,T) the next ground-truth token of each slot. The step's
-        keys are appended to ``kv``. Returns this step's pre-norm output (B,T,H)."""
+    def fuse(self, aux: Tensor) -> Tensor:
+        """(B,T,n*TH) aux features -> (B,T,H), as vLLM's ``combine_hidden_states``."""
+        if self.input_norm is not None:
+            aux = self.input_norm(aux)
+        if self.fc_norm is not None:
+            chunks = aux.chunk(len(self.fc_norm), dim=-1)
+            aux = torch.cat([norm(c) for norm, c in zip(self.fc_norm, chunks, strict=True)], -1)
+        return self.fc(aux)
+
+    def step(self, hidden: Tensor, tokens: Tensor, positions: Tensor, kv: list[LayerKV]) -> Tensor:
+        """One TTT step. ``hidden`` (B,T,H) is fuse(aux) at step 0, else the previous step's
+        output (pre- or post-norm, per ``norm_output``); ``tokens`` (B,T) the next
+        ground-truth token of each slot. Each layer's keys are appended to its ``kv`` list.
+        Returns this step's pre-norm output (B,T,H)."""
         layer = self.layers[0]
         x = torch.cat(
             [layer.input_layernorm(self.embed_tokens(tokens)), layer.hidden_norm(hidden)], dim=-1
         )
-        q, k, v = layer.self_attn.project(x, self.rotary(x, positions))
-        if not kv:  # step 0: plain causal attention over the real context
+        rope = self.rotary(x, positions)
+        q, k, v = layer.self_attn.project(x, rope)
+        cache = kv[0]
+        if not cache:  # step 0: plain causal attention over the real context
             attn = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         else:  # later steps: causal step-0 keys + this slot's chain (the diagonal)
-            kd = torch.stack([kj for kj, _ in kv[1:]] + [k], dim=3)
-            vd = torch.stack([vj for _, vj in kv[1:]] + [v], dim=3)
-            attn = ttt_attention(q, kv[0][0], kv[0][1], kd, vd, layer.self_attn.backend)
-        kv.append((k, v))
+            kd = torch.stack([kj for kj, _ in cache[1:]] + [k], dim=3)
+            vd = torch.stack([vj for _, vj in cache[1:]] + [v], dim=3)
+            attn = ttt_attention(q, cache[0][0], cache[0][1], kd, vd, layer.self_attn.backend)
+        cache.append((k, v))
         b, _, t, _ = attn.shape
         h = hidden + layer.self_attn.o_proj(attn.transpose(1, 2).reshape(b, t, -1))
-        return h + layer.mlp(layer.post_attention_layernorm(h))
+        h = h + layer.mlp(layer.post_attention_layernorm(h))
+        for later, later_kv in zip(self.layers[1:], kv[1:], strict=True):
+            h = later(h, rope, None, later_kv)
+        return h
 
     def forward(self, aux: Tensor, input_ids: Tensor, num_steps: int) -> DraftOutput:
         """``aux`` (B,T,n*TH) target features at slot t; ``input_ids`` (B,T) the sequence x.
@@ -67,12 +101,14 @@ class Eagle3Draft(nn.Module):
         are padded with the last id; their slots are masked out by the loss.
         """
         b, t = input_ids.shape
-        hidden = self.fc(aux)
+        hidden = self.fuse(aux)
         base = torch.arange(t, device=input_ids.device).expand(b, t)
-        kv: list[tuple[Tensor, Tensor]] = []
+        kv: list[LayerKV] = [[] for _ in self.layers]
         logits = []
         for k in range(num_steps):
             tokens = shift_left(input_ids, 1 + k)
-            hidden = self.step(hidden, tokens, base + k, kv)
-            logits.append(self.lm_head(self.norm(hidden)))
+            out = self.step(hidden, tokens, base + k, kv)
+            normed = self.norm(out)
+            logits.append(self.lm_head(normed))
+            hidden = normed if self.norm_output else out
         return DraftOutput(logits=logits)

@@ -54,7 +54,7 @@ class Eagle3Spec:
             draft_vocab_size=vd,
             qk_norm=draft_qk_norm(cfg.qk_norm, desc),
         )
-        draft = Eagle3Draft(shape, desc).float()
+        draft = Eagle3Draft(shape, desc, cfg).float()
         set_backend(draft, cfg.attention)
         with torch.no_grad():
             draft.embed_tokens.weight.copy_(target.embed_tokens().weight.float())

@@ -9,7 +9,6 @@ from typing import Any
 from torch import Tensor
 
 from eagle_train.drafts.base import VllmDrafter
-from eagle_train.drafts.common import layer_tensors
 from eagle_train.drafts.eagle_family import (
     draft_qk_norm,
     fused_from_speculators,
@@ -43,10 +42,8 @@ def vllm_config(
 def expected_tensors(
     config: dict[str, Any],
 ) -> tuple[dict[str, tuple[int, ...]], dict[str, tuple[int, ...]]]:
-    required, _ = fused_tensors(config)
+    required, _ = fused_tensors(config)  # the ordinary layers after the fused one included
     h = config["hidden_size"]
-    for i in range(1, config["num_hidden_layers"]):  # ordinary layers: q/k/v over H
-        required.update(layer_tensors(config, i, qk_norm=config["model_type"] == "qwen3"))
     required["mask_hidden"] = (config["num_aux_hidden_states"] * config["target_hidden_size"],)
     required["embed_tokens.weight"] = (config["vocab_size"], h)  # the trained mask row
     return required, {}
