@@ -27,8 +27,8 @@ logger = logging.getLogger(__name__)
 CPU_KV_CACHE_BYTES = 256 * 2**20
 
 
-# Sequences a CPU engine schedules at once when nothing else is asked: the regeneration
-# ceiling on 2 cores (docs/results/2026-12-01-data-speed.md) is flat from 16 to 64.
+# Sequences a CPU engine schedules at once when nothing else is asked: on 2 cores the
+# engine's throughput was flat from 8 to 64 (docs/results/2026-12-01-data-speed.md).
 CPU_MAX_NUM_SEQS = 32
 KV_BLOCK_TOKENS = 128  # vLLM's CPU block size; a request holds whole blocks
 _DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
