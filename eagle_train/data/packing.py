@@ -1,7 +1,7 @@
 """Packing: training micro-batches cut to a token budget from whole rows of similar length.
 
 A micro-batch keeps its batch dimension (one row per sequence, right-padded), so every
-draft's attention, positions and its TTT / DFlash / P-EAGLE structures stay inside each row
+draft's attention, positions and its multi-step training structures stay inside each row
 exactly as unpacked; what changes is which rows share a micro-batch. Each epoch's row order is
 cut into pools of consecutive rows, each pool sorted by length and cut greedily into
 micro-batches whose padded size (rows x longest row) stays within the budget, and the
