@@ -178,6 +178,10 @@ class _FailedWriteKeeper:
         self.f = f
         self.error: OSError | None = None
 
+    @property
+    def name(self) -> str:  # the file's path, as a file object has it
+        return self.f.name
+
     def write(self, data: bytes) -> int:
         try:
             return self.f.write(data)
