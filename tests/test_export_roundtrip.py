@@ -27,9 +27,9 @@ def family_target(request: pytest.FixtureRequest, tiny_world: Path) -> tuple[str
     return request.param, FrozenTarget.from_pretrained(path, dtype=torch.float32)
 
 
-def perturbed_draft(spec, cfg, target: FrozenTarget, seed: int) -> torch.nn.Module:
+def perturbed_draft(spec, cfg, target: FrozenTarget, seed: int, vocab=None) -> torch.nn.Module:
     torch.manual_seed(seed)
-    draft = spec.build(cfg, target, None)
+    draft = spec.build(cfg, target, vocab)
     with torch.no_grad():  # every weight distinct, norms included
         for p in draft.parameters():
             if p.requires_grad:

@@ -14,9 +14,9 @@ import torch
 from conftest import REPO
 from draft_cases import has_field, has_speculators_format
 from safetensors.torch import load_file
+from test_export_roundtrip import loss_of, perturbed_draft
 
 from eagle_train.config import ConfigError, load_config
-from eagle_train.data.loader import Batch
 from eagle_train.data.vocab import VocabMapping
 from eagle_train.drafts.registry import DRAFTS, get_draft
 from eagle_train.drafts.warm_start import initial_vocab, warm_start
@@ -70,25 +70,6 @@ def vocab_of(size: int, vocab: int, seed: int) -> VocabMapping:
     return VocabMapping(ids.values - torch.arange(size), t2d, torch.zeros(vocab, dtype=torch.long))
 
 
-def built(spec, cfg, target: FrozenTarget, vocab: VocabMapping | None, seed: int):
-    torch.manual_seed(seed)
-    draft = spec.build(cfg, target, vocab)
-    with torch.no_grad():  # every weight distinct, norms included
-        for p in draft.parameters():
-            if p.requires_grad:
-                p.add_(0.1 * torch.randn_like(p))
-    return draft.eval()
-
-
-def loss_of(spec, draft, cfg, target: FrozenTarget) -> torch.Tensor:
-    torch.manual_seed(7)  # P-EAGLE samples its elements: the same draw for both drafts
-    ids = torch.randint(4, 512, (2, 24), generator=torch.Generator().manual_seed(3))
-    batch = Batch(ids, torch.ones_like(ids), torch.ones_like(ids), torch.tensor([24, 20]))
-    features = target.features(ids, None, spec.target_layer_ids(cfg, target.description))
-    with torch.no_grad():
-        return spec.compute_loss(draft, features, batch, cfg).loss
-
-
 def to_safeailab(native: Path, out: Path) -> Path:
     """SafeAILab's layout as vLLM's EAGLE-3 loader reads it, from a native export: the fused
     layer under ``midlayer.``, ``t2d`` beside ``d2t``, pytorch_model.bin, a Llama config with
@@ -129,7 +110,7 @@ def test_export_then_init_from_gives_the_same_loss(
     spec = get_draft(algorithm)
     cfg = run_config(algorithm, llama, *overrides)
     vocab = vocab_of(96, 512, seed=5) if spec.uses_draft_vocab else None
-    trained = built(spec, cfg.draft, llama, vocab, seed=0)
+    trained = perturbed_draft(spec, cfg.draft, llama, 0, vocab)
     fmt = "speculators" if layout == "speculators" else "vllm"
     out = export_state(trained.state_dict(), cfg, tmp_path / "drafter", {"step": 0}, fmt=fmt)
     (out / "eagle_train.json").unlink()  # a drafter from elsewhere: config.json alone
@@ -141,7 +122,7 @@ def test_export_then_init_from_gives_the_same_loss(
     if vocab is not None:  # the drafter's own vocabulary is kept
         assert kept is not None and torch.equal(kept.d2t, vocab.d2t)
         assert torch.equal(kept.t2d, vocab.t2d)
-    fresh = built(spec, warm, llama, kept, seed=1)
+    fresh = perturbed_draft(spec, warm, llama, 1, kept)
     expected = loss_of(spec, trained, cfg.draft, llama)
     assert not torch.equal(loss_of(spec, fresh, warm, llama), expected)
     warm_start(warm, spec, fresh, llama.description)
@@ -162,7 +143,7 @@ def test_a_speculators_drafter_loads_tensor_for_tensor(llama: FrozenTarget, tmp_
     vocab = initial_vocab(cfg, spec, 512)
     assert vocab is not None and torch.equal(vocab.d2t, fixture["d2t"])
     assert torch.equal(vocab.t2d, fixture["t2d"])
-    draft = built(spec, cfg, llama, vocab, seed=1)
+    draft = perturbed_draft(spec, cfg, llama, 1, vocab)
     warm_start(cfg, spec, draft, llama.description)
     state = draft.state_dict()
     for name, tensor in fixture.items():
