@@ -118,7 +118,12 @@ def run_pipeline(args: argparse.Namespace, records: list[dict[str, Any]], tmp: P
         "output_dir": str(tmp / "pipeline"),
         "tokenizer": str(args.target),
         "max_length": args.max_model_len,
-        "regenerate": {"enabled": True, "backend": "vllm", "max_new_tokens": args.max_new_tokens},
+        "regenerate": {
+            "enabled": True,
+            "backend": "vllm",
+            "max_new_tokens": args.max_new_tokens,
+            "dtype": args.dtype,
+        },
     }
     cfg = PrepareDataConfig.model_validate(apply_overrides(raw, args.set))
     renderer = ChatRenderer(AutoTokenizer.from_pretrained(str(args.target)))
@@ -146,7 +151,7 @@ def run_pipeline(args: argparse.Namespace, records: list[dict[str, Any]], tmp: P
 def open_engine(args: argparse.Namespace, **kwargs: Any) -> Any:
     from eagle_train.engine import VllmEngine
 
-    engine = VllmEngine(args.target, dtype="bfloat16", max_model_len=args.max_model_len, **kwargs)
+    engine = VllmEngine(args.target, dtype=args.dtype, max_model_len=args.max_model_len, **kwargs)
     return engine
 
 
@@ -196,7 +201,7 @@ def run_ceiling(
     per_seq = math.ceil(min(longest, args.max_model_len) / block) * block
     kv = max(
         64 * 2**20,
-        int(min(c, len(keys)) * per_seq * kv_bytes_per_token(args.target, "bfloat16") * 1.02),
+        int(min(c, len(keys)) * per_seq * kv_bytes_per_token(args.target, args.dtype) * 1.02),
     )
     engine = open_engine(args, kv_cache_memory_bytes=kv, max_num_seqs=c).open()
     try:
@@ -216,7 +221,7 @@ def run_prefill(args: argparse.Namespace, rows: list[list[int]]) -> dict:
     from eagle_train.target import FrozenTarget
     from eagle_train.target.extract import extract_rows
 
-    target = FrozenTarget.from_pretrained(str(args.target), torch.bfloat16, "cpu")
+    target = FrozenTarget.from_pretrained(str(args.target), getattr(torch, args.dtype), "cpu")
     layers = target.config.num_hidden_layers
     layer_ids = [2, layers // 2, layers - 3]  # EAGLE-3's usual three
     load = load_avg()
@@ -248,6 +253,12 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     p.add_argument("target", type=Path, help="the target model directory (bf16)")
+    p.add_argument(
+        "--dtype",
+        choices=["bfloat16", "float32"],
+        default="bfloat16",
+        help="every path's compute dtype (CPUs without bf16 units run fp32 faster)",
+    )
     p.add_argument("--prompts", type=int, default=128)
     p.add_argument("--prompts-file", type=Path, help="OpenAI JSONL (default: MT-Bench turns)")
     p.add_argument("--max-new-tokens", type=int, default=128)
