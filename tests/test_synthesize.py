@@ -95,3 +95,50 @@ def test_nothing_kept_is_an_error_and_writes_nothing(renderer, tmp_path):
     with pytest.raises(DataError, match="no usable prompts synthesised"):
         synthesize_prompts(renderer, FakeBackend(tok, stop), cfg, (stop,), path)
     assert not path.exists()
+
+
+class StemBackend(FakeBackend):
+    """Continues every prompt with " part <seed>." (so each kept prompt is stem + that)."""
+
+    def generate(self, prompts, max_new_tokens, seeds, sampling=None):
+        self.calls.append((prompts, max_new_tokens, seeds, sampling))
+        return [
+            self.tok(f" part {s}.", add_special_tokens=False)["input_ids"] + [self.stop_id]
+            for s in seeds
+        ]
+
+
+def test_stems_open_each_request_in_turn(renderer, tmp_path):
+    tok = renderer.tokenizer
+    stop = tok.convert_tokens_to_ids("<|im_end|>")
+    stems = tmp_path / "stems.txt"
+    stems.write_text("Write a poem about\n\n  Explain  \n")
+    backend = StemBackend(tok, stop)
+    cfg = SynthesizeConfig(enabled=True, num_prompts=3, batch_size=2, seed=10, stems=stems)
+    path = tmp_path / "prompts.jsonl"
+    synthesize_prompts(renderer, backend, cfg, (stop,), path)
+    opening = "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\n"
+    expected = [
+        tok(opening + s, add_special_tokens=False)["input_ids"]
+        for s in ("Write a poem about", "Explain")
+    ]
+    sent = [p for call in backend.calls for p in call[0]]
+    assert sent == [expected[0], expected[1], expected[0], expected[1]]  # two batches of 2
+    rows = [json.loads(line)["messages"][0]["content"] for line in path.read_text().splitlines()]
+    assert rows == [
+        "Write a poem about part 10.",
+        "Explain part 11.",
+        "Write a poem about part 12.",
+    ]
+
+
+def test_builtin_stems_and_bad_stem_files(renderer, tmp_path):
+    from eagle_train.data.stems import BUILTIN, load_stems
+
+    assert load_stems("builtin") == BUILTIN and len(set(BUILTIN)) == len(BUILTIN) >= 30
+    assert load_stems(None) == ()
+    with pytest.raises(DataError, match=r"synthesize.stems: .*missing.txt: unreadable"):
+        load_stems(tmp_path / "missing.txt")
+    (tmp_path / "empty.txt").write_text("\n  \n")
+    with pytest.raises(DataError, match=r"empty.txt: expected one stem per line"):
+        load_stems(tmp_path / "empty.txt")

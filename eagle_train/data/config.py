@@ -103,6 +103,11 @@ class SynthesizeConfig(StrictModel):
     max_requests: int | None = Field(default=None, gt=0)  # None -> 4 x num_prompts
     # The system message the opening is rendered with (None: the template's own default).
     system: str | None = None
+    # Task stems the user turn starts with, for diverse prompts: request r starts with stem
+    # r mod len (the target writes the rest). "builtin": the package's list (stems.py: the
+    # task types of chat benchmarks, writing to coding); a path: a text file, one stem per
+    # line; None: the user turn starts empty.
+    stems: Literal["builtin"] | Path | None = None
     # Written as OpenAI JSONL (one user turn each); None -> "<output_dir>.prompts.jsonl".
     output_path: Path | None = None
 

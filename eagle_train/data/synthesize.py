@@ -4,7 +4,8 @@ The chat template is rendered up to the opening of a user turn (everything befor
 text: bos, the system message or the template's default one, the user header), and the target
 samples what a user would write there, up to its end-of-turn token. Each request has its own
 seed (``seed + request index``): one shared seed would give every request the same prompt.
-Prompts are normalised (whitespace), filtered (cut at the token limit, too short, too long,
+With ``stems``, request r's user turn starts with stem r mod len (the target writes the rest,
+and the kept prompt is the stem and its continuation). Prompts are normalised (whitespace), filtered (cut at the token limit, too short, too long,
 holding template markup) and deduplicated (case- and whitespace-insensitive), and written as
 OpenAI JSONL records with one user turn each; regeneration then adds the target's answers.
 """
@@ -23,6 +24,7 @@ from eagle_train.data.chat import ChatRenderer
 from eagle_train.data.config import SynthesizeConfig
 from eagle_train.data.errors import DataError
 from eagle_train.data.generation import GenerationBackend, Sampling
+from eagle_train.data.stems import load_stems
 
 log = logging.getLogger(__name__)
 
@@ -85,7 +87,9 @@ def synthesize_prompts(
 ) -> SynthesisReport:
     """Sample, filter and deduplicate user prompts; write them to ``path`` (temp + rename)."""
     tok = renderer.tokenizer
-    opening = renderer.encode(user_turn_opening(renderer, cfg.system))
+    opening = user_turn_opening(renderer, cfg.system)
+    stems = load_stems(cfg.stems) or ("",)
+    prompts = [renderer.encode(opening + stem) for stem in stems]
     markup = tuple(t for t in tok.all_special_tokens if t)
     stops = set(stop_ids)
     sampling = Sampling(temperature=cfg.temperature, top_p=cfg.top_p)
@@ -95,13 +99,15 @@ def synthesize_prompts(
     kept: list[str] = []
     while len(kept) < cfg.num_prompts and report.requests < max_requests:
         n = min(cfg.batch_size, max_requests - report.requests)
-        seeds = [cfg.seed + report.requests + i for i in range(n)]
-        outputs = backend.generate([opening] * n, [cfg.max_new_tokens] * n, seeds, sampling)
+        requests = range(report.requests, report.requests + n)
+        seeds = [cfg.seed + r for r in requests]
+        batch = [prompts[r % len(prompts)] for r in requests]
+        outputs = backend.generate(batch, [cfg.max_new_tokens] * n, seeds, sampling)
         report.requests += n
-        for gen in outputs:
+        for r, gen in zip(requests, outputs, strict=True):
             stopped = bool(gen) and gen[-1] in stops
             raw = tok.decode(gen[:-1] if stopped else gen, skip_special_tokens=False)
-            text = normalise(raw)
+            text = normalise(stems[r % len(stems)] + raw)
             reason = rejection(text, stopped, cfg, markup)
             key = text.lower()
             if reason is None and key in seen:
