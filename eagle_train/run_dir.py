@@ -4,6 +4,7 @@
 A run directory is written into only when it is new, empty, or recognisably an earlier
 ``train-draft`` run: every entry is one train-draft writes, and its ``config.yaml`` is one
 train-draft wrote and nobody edited since (its first line holds the sha256 of the rest).
+Drafters that export-draft wrote and reports of eval-acceptance may sit beside them.
 Anything else (the config file passed to ``-c``, a user's notes, another tool's output) is
 refused in one line naming it, and so is an output that is, holds or lies inside one of the
 run's inputs. So ``train-draft -c myexp/config.yaml --set train.output_dir=myexp`` never
@@ -72,7 +73,11 @@ def run_directory_problem(out: Path) -> str | None:
     if not out.is_dir():
         return None
     names = sorted(p.name for p in out.iterdir())
-    foreign = [n for n in names if n not in RUN_ENTRIES and not _is_leftover(n)]
+    foreign = [
+        n
+        for n in names
+        if n not in RUN_ENTRIES and not _is_leftover(n) and not _is_tool_output(out / n)
+    ]
     if CONFIG_FILE in names and not is_run_config(out / CONFIG_FILE):
         foreign.insert(0, f"{CONFIG_FILE} (not written by train-draft, or edited since)")
     if foreign:
@@ -82,6 +87,15 @@ def run_directory_problem(out: Path) -> str | None:
     if written and CONFIG_FILE not in names and not list_checkpoints(out / "checkpoints"):
         return f"holds {', '.join(written)} but no {CONFIG_FILE} or checkpoint of a run"
     return None
+
+
+def _is_tool_output(path: Path) -> bool:
+    """An export-draft drafter or an eval-acceptance report kept beside the run (e.g.
+    ``RUN/drafter``, as scripts/real_target.sh exports): the tools' own, not the user's."""
+    from eagle_train.evaluate.report import is_report_dir
+    from eagle_train.export import is_export
+
+    return path.is_dir() and not path.is_symlink() and (is_export(path) or is_report_dir(path))
 
 
 def _is_leftover(name: str) -> bool:

@@ -34,8 +34,9 @@ ALLOWED: dict[str, set[str]] = {
     "export": {"checkpoint", "drafts", "fsutil", "model_card", "run_config", "target"},
     # which target a run loads and where its features come from (online or a cache)
     "features": {"data", "drafts", "fsutil", "parallel", "run_config", "target"},
-    # what train.output_dir may hold, and the run's config.yaml
-    "run_dir": {"checkpoint", "config", "fsutil", "run_config"},
+    # what train.output_dir may hold (exports and eval reports beside the run), and the run's
+    # config.yaml
+    "run_dir": {"checkpoint", "config", "evaluate", "export", "fsutil", "run_config"},
     "acceptance_probe": {"evaluate", "export", "run_config"},  # vLLM AL during training
     # the Run the loop is set up with: checks, run lock, resume point, components, draft
     # vocabulary, optimizer, metrics sink, acceptance probe

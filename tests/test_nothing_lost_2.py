@@ -145,6 +145,27 @@ def test_export_overwrite_keeps_a_file_the_user_added(trained: Path, tmp_path: P
     assert export_cli(trained, out, "--overwrite").exit_code == 0  # only its own files: replaced
 
 
+def test_a_run_with_its_drafter_exported_inside_resumes(
+    trained: Path, tiny_world: Path, tiny_llama_data: Path, tmp_path: Path
+):
+    """Before: ``export-draft RUN/checkpoints/step-N RUN/drafter`` (what real_target.sh does)
+    made the next ``train-draft --resume auto`` into RUN refuse it as not a run. A directory
+    that only looks like an export (no provenance) is still the user's."""
+    out = tmp_path / "run"
+    shutil.copytree(trained.parent.parent, out)
+    assert export_cli(out / "checkpoints" / "step-0000002", out / "drafter").exit_code == 0
+    target = tiny_world / "targets" / "llama" / "bf16"
+    sets = run_sets(target, tiny_llama_data, out, "train.max_steps=3")
+    result = train_cli(CONFIG, [*sets, "train.resume=auto"])
+    assert result.exit_code == 0, result.output
+    assert (out / "checkpoints" / "step-0000003").is_dir()
+    (out / "drafter" / "eagle_train.json").unlink()
+    one_line_error(
+        train_cli(CONFIG, [*sets, "train.resume=auto"]),
+        f"train.output_dir {out} holds drafter, which train-draft did not write",
+    )
+
+
 # --- 3. a torn last line in metrics.jsonl ---------------------------------------------------
 
 
