@@ -65,6 +65,9 @@ def prepare_features(cfg: RunConfig, settings: ExtractSettings) -> list[SplitRep
     node) split the shards; run again after a crash to finish."""
     if cfg.data.features is None:
         raise FeatureCacheError("data.features: expected the directory to write the cache to")
+    splits = [("train", cfg.data.train_dir)] + ([("val", cfg.data.val)] if cfg.data.val else [])
+    for _, data in splits:  # every dataset readable before anything is written
+        PreparedData(Path(data))
     env = init_distributed(cfg.train.device, cfg.train.dist_timeout_s)
     try:
         target = FrozenTarget.from_pretrained(
@@ -72,7 +75,6 @@ def prepare_features(cfg: RunConfig, settings: ExtractSettings) -> list[SplitRep
         )
         layer_ids = get_draft(cfg.draft.algorithm).target_layer_ids(cfg.draft, target.description)
         target.check_layer_ids(layer_ids)
-        splits = [("train", cfg.data.train_dir)] + ([("val", cfg.data.val)] if cfg.data.val else [])
         reports = []
         for split, data in splits:
             with naming_disk_full(Path(cfg.data.features) / split, "the feature cache"):

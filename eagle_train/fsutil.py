@@ -45,10 +45,11 @@ def atomic_directory(final: Path) -> Iterator[Path]:
     moment with neither). Callers decide whether ``final`` may be replaced. On any error the
     temporary is removed and ``final`` is untouched."""
     final = Path(final)
+    made = topmost_missing(final.parent)
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = final.parent / f".{final.name}{_TMP}{uuid.uuid4().hex[:8]}"
-    tmp.mkdir()
     try:
+        tmp.mkdir()
         yield tmp
         publish_tree(tmp)
         if final.exists():
@@ -62,7 +63,33 @@ def atomic_directory(final: Path) -> Iterator[Path]:
             _fsync_dir(final.parent)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
+        remove_empty_dirs(final.parent, made)
         raise
+
+
+def topmost_missing(path: Path) -> Path | None:
+    """The outermost of ``path`` and its parents that does not exist (None: it exists):
+    what a ``mkdir(parents=True)`` of it would create."""
+    missing = None
+    for p in (path, *path.parents):
+        if p.exists() or p.is_symlink():
+            break
+        missing = p
+    return missing
+
+
+def remove_empty_dirs(path: Path, made: Path | None) -> None:
+    """Undo a ``mkdir(parents=True)`` that created ``made`` (``topmost_missing`` before it):
+    ``path`` and its parents up to ``made``, each only while it is empty."""
+    if made is None:
+        return
+    for p in (path, *path.parents):
+        try:
+            p.rmdir()
+        except OSError:
+            return
+        if p == made:
+            return
 
 
 def atomic_write_text(path: Path, text: str) -> None:

@@ -33,7 +33,11 @@ class WeightedMean:
         self.weight += other.weight
 
     def result(self) -> dict[str, float]:
-        return {k: v / max(self.weight, 1) for k, v in self.sums.items()}
+        """The weighted means; none at all when no batch had a supervised slot (a mean over
+        nothing is not 0: a loss 0 or acceptance 0 logged there would be made up)."""
+        if self.weight <= 0:
+            return {}
+        return {k: v / self.weight for k, v in self.sums.items()}
 
 
 class MetricSink:

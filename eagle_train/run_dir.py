@@ -15,11 +15,20 @@ from __future__ import annotations
 
 import fnmatch
 import hashlib
+import shutil
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 
 from eagle_train.checkpoint import list_checkpoints
 from eagle_train.config import config_text
-from eagle_train.fsutil import UnsafePathError, atomic_write_text, check_no_overlap
+from eagle_train.fsutil import (
+    UnsafePathError,
+    atomic_write_text,
+    check_no_overlap,
+    remove_empty_dirs,
+    topmost_missing,
+)
 from eagle_train.run_config import RunConfig
 
 CONFIG_FILE = "config.yaml"
@@ -129,3 +138,52 @@ def is_run_config(path: Path) -> bool:
 
 def _sha256(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
+
+
+@contextmanager
+def nothing_left_if_failed(
+    out: Path, is_main: bool, held: AbstractContextManager[object]
+) -> Iterator[None]:
+    """Enter ``held`` (the run lock, which creates ``out``) for the block. When the block
+    fails before the run wrote a metrics line or a checkpoint, what this command created is
+    removed: ``out`` itself (and the parents made with it) when it did not exist, or the
+    run's entries in it when it was empty. A directory that existed with anything in it, an
+    entry a run does not write, and a run that made progress are left as they are."""
+    created = topmost_missing(out) if is_main else None
+    was_empty = is_main and created is None and out.is_dir() and not any(out.iterdir())
+    try:
+        with held:
+            try:
+                yield
+            except BaseException:
+                if (created is not None or was_empty) and not _made_progress(out):
+                    _remove_run_entries(out)
+                raise
+    except BaseException:
+        if created is not None:
+            remove_empty_dirs(out, created)
+        raise
+
+
+def _made_progress(out: Path) -> bool:
+    """A metrics line, a checkpoint, a best draft or an acceptance record: worth keeping."""
+    metrics = out / "metrics.jsonl"
+    if metrics.is_file() and metrics.stat().st_size > 0:
+        return True
+    return any(
+        (out / name).is_dir() and any(p.is_file() for p in (out / name).rglob("*"))
+        for name in ("checkpoints", "best", "acceptance")
+    )
+
+
+def _remove_run_entries(out: Path) -> None:
+    """Remove the entries a run writes (not its lock, released after), nothing else."""
+    if out.is_symlink() or not out.is_dir():
+        return
+    for entry in out.iterdir():
+        if entry.name == LOCK_FILE or not (entry.name in RUN_ENTRIES or _is_leftover(entry.name)):
+            continue
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry, ignore_errors=True)
+        else:
+            entry.unlink(missing_ok=True)

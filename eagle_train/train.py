@@ -228,8 +228,8 @@ def _reduce(mean: WeightedMean, env: DistEnv) -> dict[str, float]:
     keys = sorted(mean.sums)
     sums = torch.tensor([mean.sums[k] for k in keys] + [mean.weight], dtype=torch.float64)
     sums = all_reduce_sum(sums, env)
-    weight = max(float(sums[-1]), 1.0)
-    return {k: float(sums[i]) / weight for i, k in enumerate(keys)}
+    weight = float(sums[-1])  # no supervised slot on any rank: no means (see WeightedMean)
+    return {k: float(sums[i]) / weight for i, k in enumerate(keys)} if weight > 0 else {}
 
 
 def _on_nonfinite(run: Run, step: int, metrics: dict[str, float]) -> None:

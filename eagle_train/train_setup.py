@@ -62,7 +62,7 @@ from eagle_train.parallel import (
 )
 from eagle_train.preemption import Preemption
 from eagle_train.run_config import RunConfig
-from eagle_train.run_dir import check_run_directory, write_run_config
+from eagle_train.run_dir import check_run_directory, nothing_left_if_failed, write_run_config
 from eagle_train.target import FrozenTarget, load_target_description
 from eagle_train.target.source import FeatureSource
 
@@ -151,8 +151,10 @@ def open_run(cfg: RunConfig) -> Iterator[Run]:
     get_draft(cfg.draft.algorithm).target_layer_ids(cfg.draft, description)  # ids in range
     check_draft_vocab_size(cfg, description.vocab_size)
     env = init_distributed(cfg.train.device, cfg.train.dist_timeout_s)
-    with run_lock(out, env), Preemption(announce=env.is_main) as preemption:
-        yield setup_run(cfg, env, out, preemption)
+    # a run that fails before its first metrics line or checkpoint leaves nothing behind
+    with nothing_left_if_failed(out, env.is_main, run_lock(out, env)):
+        with Preemption(announce=env.is_main) as preemption:
+            yield setup_run(cfg, env, out, preemption)
 
 
 def setup_run(cfg: RunConfig, env: DistEnv, out: Path, preemption: Preemption) -> Run:

@@ -30,8 +30,9 @@ def tmpfs(path: Path, size: str) -> Iterator[Path]:
         pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.decode().strip()}")
     try:
         yield path
-    finally:
-        subprocess.run(["umount", str(path)], check=True)
+    finally:  # lazily where a library still maps a file there (datasets' Arrow tables)
+        if subprocess.run(["umount", str(path)], capture_output=True).returncode != 0:
+            subprocess.run(["umount", "-l", str(path)], check=True)
 
 
 # --- 6. an oversize record is refused before it is tokenized ---------------------------------
@@ -248,7 +249,8 @@ def test_a_really_full_disk_while_saving_the_optimizer_state(
     result = train_cli(CONFIG, run_sets(target, tiny_llama_data, out, "train.max_steps=2"))
     final = out / "checkpoints" / "step-0000002"
     one_line_error(result, f"no space left on device while writing {final}", "is none")
-    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == []  # partial removed
+    assert list(out.glob("checkpoints/*")) == []  # partial removed (and the folder it made)
+    assert (out / "metrics.jsonl").stat().st_size > 0  # the run's log of steps 1-2 is kept
 
 
 @pytest.fixture

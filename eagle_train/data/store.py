@@ -33,7 +33,9 @@ from eagle_train.fsutil import (
     check_output_path,
     check_replaceable,
     hold_lock,
+    remove_empty_dirs,
     remove_stale_temporaries,
+    topmost_missing,
 )
 
 FORMAT = "eagle-train-prepared"
@@ -113,6 +115,7 @@ def is_prepared(path: Path) -> bool:
 def output_lock(final: Path) -> Iterator[None]:
     """Hold ``final`` against another prepare-data run; the temporaries a killed run left
     beside it are removed (no live writer can own them while the lock is held)."""
+    made = topmost_missing(final.parent)
     final.parent.mkdir(parents=True, exist_ok=True)
     try:
         with hold_lock(final.parent / f".{final.name}.lock", f"output_dir {final}"):
@@ -120,6 +123,9 @@ def output_lock(final: Path) -> Iterator[None]:
             yield
     except UnsafePathError as exc:
         raise DataError(str(exc), reason="config") from None
+    finally:  # a failed run leaves no parent directory it made
+        if not final.exists():
+            remove_empty_dirs(final.parent, made)
 
 
 @contextmanager

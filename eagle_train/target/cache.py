@@ -76,11 +76,15 @@ def plan_shards(lengths: list[int], max_tokens: int) -> list[list[int]]:
 def write_atomic(path: Path, data: bytes) -> None:
     """``data`` at ``path``, whole or not at all (temporary name, fsync, rename)."""
     tmp = path.parent / f".{path.name}.tmp-{os.getpid()}"
-    with tmp.open("wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    tmp.rename(path)
+    try:
+        with tmp.open("wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        tmp.rename(path)
+    except BaseException:  # a full disk: the partial temporary would hold the space
+        tmp.unlink(missing_ok=True)
+        raise
     dir_fd = os.open(path.parent, os.O_RDONLY)
     try:
         os.fsync(dir_fd)

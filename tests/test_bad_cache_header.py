@@ -1,0 +1,44 @@
+"""Issue 24, "a cache file with a bad safetensors header" printed a traceback. A shard whose
+header is garbage but whose manifest entry was rewritten to match (so the sha256 check on
+first read passes) is named in one line by train-draft, and the cache is left as it was."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import struct
+from pathlib import Path
+
+from test_feature_cache import run_sets as feature_sets
+from test_nothing_lost_2 import cache, one_line_error, snapshot  # noqa: F401
+from typer.testing import CliRunner
+
+from eagle_train.cli import train_draft_app
+
+
+def test_a_shard_with_a_bad_header_and_a_matching_manifest_is_one_line(
+    tiny_world: Path,
+    tiny_llama_data: Path,
+    cache: Path,  # noqa: F811
+    tmp_path: Path,
+):
+    copy = tmp_path / "features"
+    shutil.copytree(cache, copy)
+    manifest_path = copy / "train" / "manifest.json"
+    manifest = json.loads(manifest_path.read_text())
+    shards = sorted((copy / "train").glob("shard-*.safetensors"))
+    for index, shard in enumerate(shards):
+        data = bytearray(shard.read_bytes())
+        data[:8] = struct.pack("<Q", 2**40)  # a header length past the end of the file
+        shard.write_bytes(bytes(data))
+        manifest["files"][index]["sha256"] = hashlib.sha256(data).hexdigest()
+    manifest_path.write_text(json.dumps(manifest))
+    before = snapshot(copy)
+    args = feature_sets(tiny_world, tiny_llama_data, copy, tmp_path / "run")
+    result = CliRunner().invoke(train_draft_app, args)
+    one_line_error(result, "not a readable safetensors file")
+    named = result.output.split("error: ")[1].split(":")[0]
+    assert Path(named) in shards
+    assert snapshot(copy) == before
+    assert not (tmp_path / "run").exists()  # the failed run left nothing
