@@ -56,6 +56,7 @@ def test_resume_exactly_on_an_epoch_boundary_sees_the_same_rows(
 
     monkeypatch.setattr(BatchLoader, "next", recording_next)
     extra = ["train.grad_accum=1", "train.save_every=4", "train.max_steps=10"]
+    extra.append("optim.implementation=fused")  # no torch.compile in a fast test
     loop.train(config(tiny_world, data, tmp_path / "whole", "eagle1", *extra))
     whole = list(seen)
     assert len(whole) == 10
