@@ -5,7 +5,8 @@ of layers, and the outcome each must have:
   reads (by design: rows are read by tensor name, ``hidden.K``), never fewer or others;
 - prepare-features resuming into a directory: exactly the same layer set, nothing else;
 - a warm-start drafter against the run's draft: exactly the run's aux layers (vLLM feeds the
-  drafter the layers its config names)."""
+  drafter the layers its config names);
+- resuming a checkpoint: exactly the checkpoint's draft section (its aux layers included)."""
 
 from __future__ import annotations
 
@@ -97,3 +98,26 @@ def test_a_warm_start_drafter_must_read_exactly_the_runs_layers(
         return
     with pytest.raises(ConfigError, match="eagle_aux_hidden_state_layer_ids is \\[1, 2, 3\\]"):
         warm_start(cfg, spec, draft, target.description)
+
+
+def test_resume_refuses_a_checkpoint_of_another_layer_set(tiny_world: Path, tmp_path: Path) -> None:
+    """Resume needs the checkpoint's draft section exactly: a subset, a superset and a
+    disjoint aux layer set are each refused before a step runs."""
+    from test_resume_exact import config, repeated_rows_data
+
+    import eagle_train.train as loop
+    from eagle_train.checkpoint import CheckpointError
+
+    data = repeated_rows_data(tiny_world, tmp_path / "same")
+    out = tmp_path / "run"
+    fast = ["optim.implementation=fused", "train.max_steps=2", "train.save_every=2"]
+    layers = f"draft.aux_layer_ids={RUN}".replace(" ", "")
+    loop.train(config(tiny_world, data, out, "eagle3", *fast, layers))
+    for held in ("subset", "superset", "disjoint"):
+        other = f"draft.aux_layer_ids={SETS[held]}".replace(" ", "")
+        resume = [*fast, "train.max_steps=4", "train.resume=auto", other]
+        with pytest.raises(CheckpointError, match="draft section differs"):
+            loop.train(config(tiny_world, data, out, "eagle3", *resume))
+    same = [*fast, "train.max_steps=4", "train.resume=auto", layers]
+    resumed = loop.train(config(tiny_world, data, out, "eagle3", *same))
+    assert resumed.last_checkpoint.name == "step-0000004"
