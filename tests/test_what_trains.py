@@ -1,0 +1,122 @@
+"""What trains, by name: for each algorithm, the exact parameters that move after one real
+optimizer step (the project's optimizer on the project's loss), and the exact ones that must
+stay put (the draft's frozen copies of the target's embedding / head, and every target
+weight), written out here by hand from ALGORITHMS.md, never derived from ``requires_grad``."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import transformers as T
+from conftest import REPO
+from draft_cases import ALGORITHMS, has_field
+
+from eagle_train.config import load_config
+from eagle_train.data.loader import Batch
+from eagle_train.data.vocab import build_vocab_mapping
+from eagle_train.drafts.registry import get_draft
+from eagle_train.optim import create_optimizer
+from eagle_train.run_config import RunConfig
+from eagle_train.target import FrozenTarget
+
+VOCAB = 256
+PROJ = ("q_proj", "k_proj", "v_proj", "o_proj")
+MLP = ("gate_proj", "up_proj", "down_proj")
+
+
+def layer(i: int, *, input_norm: bool, hidden_norm: bool = False, qk_norm: bool) -> set[str]:
+    """The names of decoder layer ``i``'s weights (vLLM's names)."""
+    p = f"layers.{i}."
+    names = {p + f"self_attn.{n}.weight" for n in PROJ} | {p + f"mlp.{n}.weight" for n in MLP}
+    names.add(p + "post_attention_layernorm.weight")
+    names |= {p + "input_layernorm.weight"} if input_norm else set()
+    names |= {p + "hidden_norm.weight"} if hidden_norm else set()
+    names |= {p + "self_attn.q_norm.weight", p + "self_attn.k_norm.weight"} if qk_norm else set()
+    return names
+
+
+def trains(algorithm: str, qwen3: bool) -> set[str]:
+    """What the demo config of ``algorithm`` trains (one draft layer; P-EAGLE two)."""
+    if algorithm == "eagle1":  # fc + plain layers, layer 0 without input norm, no final norm
+        return {"fc.weight"} | layer(0, input_norm=False, qk_norm=False)
+    fused = {"fc.weight", "norm.weight", "lm_head.weight"}
+    fused |= layer(0, input_norm=True, hidden_norm=True, qk_norm=qwen3)
+    if algorithm == "eagle3":
+        return fused
+    if algorithm == "peagle":  # + the mask token's embedding row and hidden, a second layer
+        return fused | {"mask_embedding", "mask_hidden"} | layer(1, input_norm=True, qk_norm=qwen3)
+    assert algorithm == "dflash"  # fc, its hidden norm, Qwen3-style layers, final norm
+    return {"fc.weight", "hidden_norm.weight", "norm.weight"} | layer(
+        0, input_norm=True, qk_norm=True
+    )
+
+
+# The draft's own frozen copies of target weights (DFlash borrows the target's modules: it
+# has none of its own, and the target check below covers them).
+FROZEN = {
+    "eagle1": {"embed_tokens.weight", "lm_head.weight"},
+    "eagle3": {"embed_tokens.weight"},
+    "peagle": {"embed_tokens.weight"},  # only the mask row trains, as mask_embedding
+    "dflash": set(),
+}
+
+
+def tiny_target(family: str) -> FrozenTarget:
+    torch.manual_seed(0)
+    cls, model = {
+        "llama": (T.LlamaConfig, T.LlamaForCausalLM),
+        "qwen3": (T.Qwen3Config, T.Qwen3ForCausalLM),
+    }[family]
+    config = cls(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=4,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=16,
+        tie_word_embeddings=False,
+    )
+    return FrozenTarget(model(config))
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3"])
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_one_step_moves_exactly_the_trained_parameters(algorithm: str, family: str) -> None:
+    sets = ["data.train=unused", "target.dtype=float32", "optim.lr=1e-2", "optim.warmup_steps=0"]
+    sets.append("optim.implementation=fused")  # no torch.compile in a fast test
+    if has_field(algorithm, "mask_token_id"):
+        sets.append("draft.mask_token_id=3")
+    if has_field(algorithm, "loss_target"):
+        sets.append("draft.loss_target=hard")
+    cfg = load_config(
+        RunConfig, REPO / "configs" / "train" / f"{algorithm}-{family}-demo.yaml", sets
+    )
+    spec = get_draft(algorithm)
+    target = tiny_target(family)
+    vocab = build_vocab_mapping(torch.arange(VOCAB).flip(0), 128) if spec.uses_draft_vocab else None
+    draft = spec.build(cfg.draft, target, vocab).train()
+    target_before = {n: p.detach().clone() for n, p in target.model.named_parameters()}
+    before = {n: p.detach().clone() for n, p in draft.named_parameters()}
+
+    optimizer = create_optimizer(draft, cfg.optim)
+    ids = torch.randint(4, VOCAB, (2, 40), generator=torch.Generator().manual_seed(1))
+    batch = Batch(ids, torch.ones_like(ids), torch.ones_like(ids), torch.tensor([40, 36]))
+    features = target.features(ids, None, spec.target_layer_ids(cfg.draft, target.description))
+    torch.manual_seed(2)
+    spec.compute_loss(draft, features, batch, cfg.draft).loss.backward()
+    optimizer.step()
+
+    after = dict(draft.named_parameters())
+    moved = {n for n, p in after.items() if not torch.equal(p.detach(), before[n])}
+    assert moved == trains(algorithm, family == "qwen3")
+    assert set(after) - moved == FROZEN[algorithm]
+    # the frozen copies are the target's weights, and no target weight moved or got a gradient
+    embed, head = target.embed_tokens().weight, target.lm_head().weight
+    if "embed_tokens.weight" in FROZEN[algorithm]:
+        assert torch.equal(after["embed_tokens.weight"].detach(), embed.detach().float())
+    if "lm_head.weight" in FROZEN[algorithm]:
+        assert torch.equal(after["lm_head.weight"].detach(), head.detach().float())
+    for name, p in target.model.named_parameters():
+        assert torch.equal(p.detach(), target_before[name]), f"target weight {name} moved"
+        assert p.grad is None or not p.grad.any(), f"target weight {name} got a gradient"
