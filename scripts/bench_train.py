@@ -18,11 +18,10 @@ import json
 import subprocess
 import sys
 
-from benchlib import load_target, measure_steps
-
 
 def run_point(args: argparse.Namespace, seq: int, k: int) -> dict:
     import torch
+    from benchlib import load_target, measure_steps
 
     from eagle_train.data.loader import Batch
     from eagle_train.drafts.eagle3.config import Eagle3Config
@@ -65,6 +64,7 @@ def alternate(args: argparse.Namespace, seq: int, k: int, backends: list[str]) -
     import time
 
     import torch
+    from benchlib import load_target
 
     from eagle_train.data.loader import Batch
     from eagle_train.drafts.eagle3.config import Eagle3Config

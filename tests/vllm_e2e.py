@@ -33,6 +33,9 @@ NUM_NEW, NUM_PROMPTS = 48, 8
 FLOOR_FRACTION = 0.9
 # Regenerated training rows per (world, family), shared by every draft's test this session.
 _DATA: dict[tuple[Path, str], Path] = {}
+# The target alone's greedy tokens per (target, prompts), served once per session: every
+# draft's test compares its served output with the same target alone (deterministic, greedy).
+_ALONE: dict[tuple[str, tuple[tuple[int, ...], ...]], list[list[int]]] = {}
 
 
 def regenerated_data(world: Path, family: str, root: Path) -> Path:
@@ -104,10 +107,21 @@ def serve(
     """Greedy tokens per prompt and the acceptance length from vLLM's counters.
 
     Stops at eos, as served: past eos the target rambles off the distribution a draft is
-    trained on (its own answers), which would measure something no user sees.
+    trained on (its own answers), which would measure something no user sees. The target
+    alone (no drafter) is served once per session for each target and prompts.
     """
+    if drafter is None:
+        key = (str(Path(target).resolve()), tuple(tuple(p) for p in prompts))
+        if key not in _ALONE:
+            _ALONE[key] = _generate(target, prompts, None)[0]
+        return [list(t) for t in _ALONE[key]], 1.0
+    return _generate(target, prompts, serving_config(drafter, k))
+
+
+def _generate(
+    target: Path, prompts: list[list[int]], spec: dict[str, Any] | None
+) -> tuple[list[list[int]], float]:
     sampling = dict(temperature=0.0, max_tokens=NUM_NEW)
-    spec = serving_config(drafter, k) if drafter else None
     with VllmEngine(target, dtype="float32", max_model_len=512, speculative_config=spec) as e:
         results = e.generate_one_by_one(prompts, sampling)
     tokens = [r[0] for r in results]
