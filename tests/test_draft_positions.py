@@ -17,33 +17,16 @@ proposers (vllm/v1/spec_decode/):
 from __future__ import annotations
 
 import torch
-from conftest import REPO
-from draft_cases import has_field
-from test_what_trains import VOCAB, tiny_target
+from test_what_trains import VOCAB, demo_draft
 
-from eagle_train.config import load_config
 from eagle_train.data.loader import Batch
-from eagle_train.data.vocab import build_vocab_mapping
-from eagle_train.drafts.registry import get_draft
-from eagle_train.run_config import RunConfig
 
 T = 40
 
 
 def _run(algorithm: str, family: str = "llama"):
     """(config, draft, recorded rotary positions per call, recorded forward args) of one loss."""
-    sets = ["data.train=unused", "target.dtype=float32"]
-    if has_field(algorithm, "mask_token_id"):
-        sets.append("draft.mask_token_id=3")
-    if has_field(algorithm, "loss_target"):
-        sets.append("draft.loss_target=hard")
-    cfg = load_config(
-        RunConfig, REPO / "configs" / "train" / f"{algorithm}-{family}-demo.yaml", sets
-    )
-    spec = get_draft(algorithm)
-    target = tiny_target(family)
-    vocab = build_vocab_mapping(torch.arange(VOCAB).flip(0), 128) if spec.uses_draft_vocab else None
-    draft = spec.build(cfg.draft, target, vocab).train()
+    cfg, spec, target, draft = demo_draft(algorithm, family)
     calls: list[torch.Tensor] = []
     inputs: list[tuple] = []
     rotary_forward, draft_forward = draft.rotary.forward, draft.forward

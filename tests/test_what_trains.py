@@ -80,11 +80,10 @@ def tiny_target(family: str) -> FrozenTarget:
     return FrozenTarget(model(config))
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen3"])
-@pytest.mark.parametrize("algorithm", ALGORITHMS)
-def test_one_step_moves_exactly_the_trained_parameters(algorithm: str, family: str) -> None:
-    sets = ["data.train=unused", "target.dtype=float32", "optim.lr=1e-2", "optim.warmup_steps=0"]
-    sets.append("optim.implementation=fused")  # no torch.compile in a fast test
+def demo_draft(algorithm: str, family: str, sets: tuple[str, ...] = ()):
+    """(config, spec, tiny target, draft in train mode) of the algorithm's demo config on a
+    tiny random fp32 target of ``family``, with a draft vocabulary where the draft uses one."""
+    sets = ["data.train=unused", "target.dtype=float32", *sets]
     if has_field(algorithm, "mask_token_id"):
         sets.append("draft.mask_token_id=3")
     if has_field(algorithm, "loss_target"):
@@ -95,7 +94,15 @@ def test_one_step_moves_exactly_the_trained_parameters(algorithm: str, family: s
     spec = get_draft(algorithm)
     target = tiny_target(family)
     vocab = build_vocab_mapping(torch.arange(VOCAB).flip(0), 128) if spec.uses_draft_vocab else None
-    draft = spec.build(cfg.draft, target, vocab).train()
+    return cfg, spec, target, spec.build(cfg.draft, target, vocab).train()
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3"])
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_one_step_moves_exactly_the_trained_parameters(algorithm: str, family: str) -> None:
+    sets = ["optim.lr=1e-2", "optim.warmup_steps=0"]
+    sets.append("optim.implementation=fused")  # no torch.compile in a fast test
+    cfg, spec, target, draft = demo_draft(algorithm, family, tuple(sets))
     target_before = {n: p.detach().clone() for n, p in target.model.named_parameters()}
     before = {n: p.detach().clone() for n, p in draft.named_parameters()}
 
