@@ -325,3 +325,23 @@ def test_parallel_regeneration_needs_vllm(tmp_path, model_dir):
     cfg = make_cfg(tmp_path, model_dir, data_parallel_size=2)
     with pytest.raises(ValueError, match="data_parallel_size / tensor_parallel_size need the vllm"):
         prepare_data(cfg)
+
+
+def test_a_synthesized_follow_up_record_gets_both_answers(
+    tmp_path, model_dir, tokenizer, monkeypatch
+):
+    # synthesize.follow_ups writes [user, assistant "", user]: the empty turn is answered
+    # first, then the follow-up with that answer in its prompt.
+    backend = ScriptedBackend(tokenizer)
+    monkeypatch.setattr(prepare_module, "create_backend", lambda *a, **k: backend)
+    messages = [
+        {"role": "user", "content": "Name a colour."},
+        {"role": "assistant", "content": ""},
+        {"role": "user", "content": "Can you make your answer shorter?"},
+    ]
+    cfg = make_cfg(tmp_path, model_dir, [{"id": "synth-000000", "messages": messages}])
+    regen = prepare_data(cfg).regeneration
+    (out,) = read_jsonl(regen.path)
+    assert out["messages"] == expected_scripted(tokenizer, messages)
+    assert [m["role"] for m in out["messages"]] == ["user", "assistant", "user", "assistant"]
+    assert [len(b) for b in backend.batches] == [1, 1]

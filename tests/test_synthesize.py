@@ -142,3 +142,29 @@ def test_builtin_stems_and_bad_stem_files(renderer, tmp_path):
     (tmp_path / "empty.txt").write_text("\n  \n")
     with pytest.raises(DataError, match=r"empty.txt: expected one stem per line"):
         load_stems(tmp_path / "empty.txt")
+
+
+def test_follow_ups_make_two_user_turns(renderer, tmp_path):
+    import random
+
+    from eagle_train.data.stems import FOLLOW_UPS, load_follow_ups
+
+    tok = renderer.tokenizer
+    stop = tok.convert_tokens_to_ids("<|im_end|>")
+    follow = tmp_path / "follow.txt"
+    follow.write_text("Shorter, please.\n\nNow in French.\n")
+    cfg = SynthesizeConfig(enabled=True, num_prompts=4, batch_size=8, seed=3, follow_ups=follow)
+    path = tmp_path / "prompts.jsonl"
+    synthesize_prompts(renderer, FakeBackend(tok, stop), cfg, (stop,), path)
+    records = [json.loads(line)["messages"] for line in path.read_text().splitlines()]
+    # Hand-written: Random(3) picks these four (checked against the list's two lines).
+    rng = random.Random(3)
+    picks = [rng.choice(["Shorter, please.", "Now in French."]) for _ in range(4)]
+    assert len(set(picks)) == 2  # the seed draws both, so a constant pick would fail
+    assert [[m["role"] for m in r] for r in records] == [["user", "assistant", "user"]] * 4
+    assert [r[1]["content"] for r in records] == [""] * 4
+    assert [r[2]["content"] for r in records] == picks
+    assert load_follow_ups("builtin") == FOLLOW_UPS and len(set(FOLLOW_UPS)) >= 30
+    assert load_follow_ups(None) == ()
+    with pytest.raises(DataError, match=r"synthesize.follow_ups: .*none.txt: unreadable"):
+        load_follow_ups(tmp_path / "none.txt")

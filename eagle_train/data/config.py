@@ -108,6 +108,11 @@ class SynthesizeConfig(StrictModel):
     # task types of chat benchmarks, writing to coding); a path: a text file, one stem per
     # line; None: the user turn starts empty.
     stems: Literal["builtin"] | Path | None = None
+    # A second user turn for every kept prompt, drawn (seeded) from a list of follow-up
+    # requests; regeneration then answers both turns. "builtin": the package's list
+    # (stems.py: rework the first answer, expand it, ...); a path: one request per line;
+    # None: single-turn conversations.
+    follow_ups: Literal["builtin"] | Path | None = None
     # Written as OpenAI JSONL (one user turn each); None -> "<output_dir>.prompts.jsonl".
     output_path: Path | None = None
 

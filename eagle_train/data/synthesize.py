@@ -8,6 +8,9 @@ With ``stems``, request r's user turn starts with stem r mod len (the target wri
 and the kept prompt is the stem and its continuation). Prompts are normalised (whitespace), filtered (cut at the token limit, too short, too long,
 holding template markup) and deduplicated (case- and whitespace-insensitive), and written as
 OpenAI JSONL records with one user turn each; regeneration then adds the target's answers.
+With ``follow_ups``, each record holds a second user turn after an empty assistant turn
+(kept prompt k gets follow-up number ``Random(seed)``'s k-th draw), and regeneration answers
+both, in order.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import random
 import re
 from collections import Counter
 from dataclasses import dataclass, field
@@ -24,7 +28,7 @@ from eagle_train.data.chat import ChatRenderer
 from eagle_train.data.config import SynthesizeConfig
 from eagle_train.data.errors import DataError
 from eagle_train.data.generation import GenerationBackend, Sampling
-from eagle_train.data.stems import load_stems
+from eagle_train.data.stems import load_follow_ups, load_stems
 
 log = logging.getLogger(__name__)
 
@@ -89,6 +93,7 @@ def synthesize_prompts(
     tok = renderer.tokenizer
     opening = user_turn_opening(renderer, cfg.system)
     stems = load_stems(cfg.stems) or ("",)
+    follow_ups = load_follow_ups(cfg.follow_ups)
     prompts = [renderer.encode(opening + stem) for stem in stems]
     markup = tuple(t for t in tok.all_special_tokens if t)
     stops = set(stop_ids)
@@ -121,18 +126,25 @@ def synthesize_prompts(
     report.kept = len(kept)
     if not kept:
         raise DataError(f"no usable prompts synthesised ({report.summary()})", reason="empty")
-    _write_prompts(path, kept, cfg.system)
+    rng = random.Random(cfg.seed)
+    seconds = [rng.choice(follow_ups) for _ in kept] if follow_ups else None
+    _write_prompts(path, kept, seconds, cfg.system)
     log.info("%s", report.summary())
     return report
 
 
-def _write_prompts(path: Path, prompts: list[str], system: str | None) -> None:
+def _write_prompts(
+    path: Path, prompts: list[str], seconds: list[str] | None, system: str | None
+) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
     with tmp.open("w", encoding="utf-8") as f:
         for i, text in enumerate(prompts):
             messages = [{"role": "system", "content": system}] if system is not None else []
             messages.append({"role": "user", "content": text})
+            if seconds is not None:
+                messages.append({"role": "assistant", "content": ""})
+                messages.append({"role": "user", "content": seconds[i]})
             f.write(json.dumps({"id": f"synth-{i:06d}", "messages": messages}) + "\n")
         f.flush()
         os.fsync(f.fileno())
