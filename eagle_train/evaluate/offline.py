@@ -9,7 +9,7 @@ token), exactly as greedy speculative decoding does.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
@@ -22,6 +22,8 @@ from eagle_train.target import FrozenTarget
 class OfflineAcceptance:
     drafts: int
     accepted: int
+    # Per prompt, as vLLM counts one request: (drafts, accepted tokens at each position).
+    per_request: list[tuple[int, list[int]]] = field(default_factory=list)
 
     @property
     def acceptance_length(self) -> float:
@@ -41,20 +43,30 @@ def chain_lengths(proposals: Tensor, sequence: Tensor) -> Tensor:
 
 
 def replay_cycles(chains: Tensor, prompt_len: int, num_new: int, k_max: int) -> tuple[int, int]:
-    """(drafts, accepted) of greedy speculative decoding over ``num_new`` generated tokens.
+    """(drafts, accepted) of greedy speculative decoding over ``num_new`` generated tokens."""
+    drafts, per_position = replay_positions(chains, prompt_len, num_new, k_max)
+    return drafts, sum(per_position)
+
+
+def replay_positions(
+    chains: Tensor, prompt_len: int, num_new: int, k_max: int
+) -> tuple[int, list[int]]:
+    """(drafts, accepted tokens at each of the k_max positions), as vLLM's counters count.
 
     The last cycle may end on accepted tokens alone: when the final accepted token is the
     stop (eos or the length limit) the bonus token is dropped, but vLLM still counts the
     accepted ones.
     """
-    slot, generated, drafts, accepted = prompt_len - 1, 1, 0, 0  # prefill yields 1 token
+    slot, generated, drafts = prompt_len - 1, 1, 0  # prefill yields 1 token
+    per_position = [0] * k_max
     while generated < num_new:
         n = min(int(chains[slot]), k_max, num_new - generated)
         drafts += 1
-        accepted += n
+        for k in range(n):
+            per_position[k] += 1
         generated += n + 1
         slot += n + 1
-    return drafts, accepted
+    return drafts, per_position
 
 
 @torch.no_grad()
@@ -74,7 +86,8 @@ def estimate_acceptance(
         features = target.features(seq, None, layer_ids)
         proposals = spec.propose(draft, features, seq, cfg, num_steps)[0].cpu()
         chains = chain_lengths(proposals, seq[0])
-        drafts, accepted = replay_cycles(chains, len(prompt), len(output), num_steps)
+        drafts, per_position = replay_positions(chains, len(prompt), len(output), num_steps)
         total.drafts += drafts
-        total.accepted += accepted
+        total.accepted += sum(per_position)
+        total.per_request.append((drafts, per_position))
     return total
