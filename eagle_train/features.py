@@ -13,7 +13,7 @@ from eagle_train.drafts.registry import get_draft
 from eagle_train.fsutil import naming_disk_full
 from eagle_train.parallel import DistEnv, barrier, init_distributed, shutdown
 from eagle_train.run_config import DTYPES, RunConfig
-from eagle_train.target.cache import FeatureCache, FeatureCacheError, plan_shards
+from eagle_train.target.cache import CacheChain, FeatureCache, FeatureCacheError, plan_shards
 from eagle_train.target.extract import (
     ExtractSettings,
     SplitReport,
@@ -35,7 +35,7 @@ def load_target(cfg: RunConfig, env: DistEnv, device_map: str | None = None) -> 
     """What this run needs of the target: its head and embeddings when the features come
     from a cache, else the whole target (FSDP2-sharded over the ranks with target.shard)."""
     dtype = DTYPES[cfg.target.dtype]
-    if cfg.data.features is not None:
+    if cfg.data.from_cache:
         return load_target_head(cfg.target.path, dtype, env.device)
     if cfg.target.shard and env.distributed:
         return load_sharded_target(cfg.target.path, dtype, env.device, env.world_size)
@@ -45,17 +45,28 @@ def load_target(cfg: RunConfig, env: DistEnv, device_map: str | None = None) -> 
 def feature_sources(
     cfg: RunConfig, target: FrozenTarget, layer_ids: list[int], env: DistEnv
 ) -> tuple[FeatureSource, FeatureSource]:
-    """(training, validation) feature sources; a cache is checked against this run's target,
-    layer set, dataset and dtype before any step."""
-    if cfg.data.features is None:
+    """(training, validation) feature sources; every cache is checked against this run's
+    target, layer set, dataset and dtype before any step. A mixture's sources are read from
+    their own caches, chained in data.train's order (the mixture's rows end to end)."""
+    if not cfg.data.from_cache:
         online = OnlineFeatures(target, layer_ids)
         return online, online
-    splits = [("train", cfg.data.train_dir)] + ([("val", cfg.data.val)] if cfg.data.val else [])
-    sources = []
-    for split, data in splits:
-        cache = FeatureCache(Path(cfg.data.features) / split)
+
+    def opened(cache_dir: Path, data: Path) -> FeatureCache:
+        cache = FeatureCache(cache_dir)
         cache.check(cache_identity(cfg.target.path, cfg.target.dtype, layer_ids, data))
-        sources.append(CachedFeatures(cache, target.lm_head(), layer_ids, env.device))
+        return cache
+
+    train = cfg.data.train
+    if isinstance(train, list):
+        chain = [opened(Path(s.features) / "train", s.path) for s in train if s.features]
+        train_cache: FeatureCache | CacheChain = CacheChain(chain)
+    else:
+        train_cache = opened(Path(cfg.data.features or "") / "train", train)
+    sources = [CachedFeatures(train_cache, target.lm_head(), layer_ids, env.device)]
+    if cfg.data.val is not None:
+        val_cache = opened(Path(cfg.data.features or "") / "val", cfg.data.val)
+        sources.append(CachedFeatures(val_cache, target.lm_head(), layer_ids, env.device))
     return sources[0], sources[-1]
 
 
@@ -65,6 +76,12 @@ def prepare_features(cfg: RunConfig, settings: ExtractSettings) -> list[SplitRep
     node) split the shards; run again after a crash to finish."""
     if cfg.data.features is None:
         raise FeatureCacheError("data.features: expected the directory to write the cache to")
+    if isinstance(cfg.data.train, list):
+        raise FeatureCacheError(
+            "data.train: prepare-features writes one dataset's cache: run it once per source "
+            "(--set data.train=PATH --set data.features=DIR), then name DIR as that source's "
+            "features"
+        )
     splits = [("train", cfg.data.train_dir)] + ([("val", cfg.data.val)] if cfg.data.val else [])
     for _, data in splits:  # every dataset readable before anything is written
         PreparedData(Path(data))

@@ -28,6 +28,9 @@ class TargetSection(StrictModel):
 class DataSource(StrictModel):
     path: Path  # a prepare-data output directory
     weight: float = Field(gt=0)  # its share of each epoch's rows (weights need not sum to 1)
+    # The prepare-features directory made for this path: its train/ split is read instead of
+    # running the target. Set on every source or on none.
+    features: Path | None = None
 
 
 class DataSection(StrictModel):
@@ -57,25 +60,24 @@ class DataSection(StrictModel):
 
     @property
     def train_dir(self) -> Path:
-        """``train`` as one directory (a feature cache is built for one; the validator below
-        refuses a cache with a mixture)."""
+        """``train`` as one directory (a feature cache is built for one)."""
         if not isinstance(self.train, Path):
             raise ValueError("data.train: a mixture has no single directory")
         return self.train
 
+    @property
+    def from_cache(self) -> bool:
+        """Features read from prepare-features caches (data.features, or every source's)."""
+        if isinstance(self.train, list):
+            return self.train[0].features is not None
+        return self.features is not None
+
     @model_validator(mode="after")
     def _mixture_sources(self) -> DataSection:
         if isinstance(self.train, list):
-            paths = [s.path for s in self.train]
-            if not paths:
-                raise ValueError("data.train: expected a directory or at least one {path, weight}")
-            if len(set(paths)) < len(paths):
-                raise ValueError("data.train: a source is listed twice (merge its weights)")
-            if self.features is not None:
-                raise ValueError(
-                    "data.features: a feature cache holds one dataset's rows; a data.train "
-                    "mixture trains online (unset data.features)"
-                )
+            problem = mixture_problem(self.train, self.features, self.val)
+            if problem:
+                raise ValueError(problem)
         return self
 
     @model_validator(mode="before")
@@ -87,6 +89,40 @@ class DataSection(StrictModel):
             "data.draft_vocab_size moved to draft.draft_vocab_size (the draft vocabulary "
             "size is a property of the draft): set it there",
         )
+
+
+def mixture_problem(
+    sources: list[DataSource], features: Path | None, val: Path | None
+) -> str | None:
+    """What is wrong with a ``data.train`` mixture (None: nothing). Its sources are read
+    online, or every one from its own cache; ``data.features`` then holds data.val's."""
+    paths = [s.path for s in sources]
+    if not paths:
+        return "data.train: expected a directory or at least one {path, weight}"
+    if len(set(paths)) < len(paths):
+        return "data.train: a source is listed twice (merge its weights)"
+    online = [str(s.path) for s in sources if s.features is None]
+    if online and len(online) < len(sources):
+        return (
+            f"data.train: features is set on some sources but not on {', '.join(online)}: a "
+            "mixture reads every source from its feature cache, or none"
+        )
+    if online and features is not None:
+        return (
+            "data.features: a feature cache holds one dataset's rows; a data.train mixture "
+            "names each source's cache (data.train[i].features) or trains online"
+        )
+    if not online and val is not None and features is None:
+        return (
+            "data.val: a mixture read from feature caches validates from one too: set "
+            "data.features to the prepare-features directory holding data.val's (its val/)"
+        )
+    if not online and val is None and features is not None:
+        return (
+            "data.features: with a data.train mixture it holds only data.val's cache, and "
+            "data.val is unset (each source's cache is data.train[i].features)"
+        )
+    return None
 
 
 class TrainSection(StrictModel):

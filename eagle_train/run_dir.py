@@ -52,10 +52,12 @@ def run_inputs(cfg: RunConfig) -> list[tuple[str, Path | None]]:
     """(name, path) of every input a run reads, which its output may not overlap."""
     train = cfg.data.train
     sources = [train] if isinstance(train, Path) else [s.path for s in train]
+    caches = [] if isinstance(train, Path) else [s.features for s in train]
     return [
         *(("dataset", path) for path in sources),
         ("validation dataset", cfg.data.val),
         ("feature cache", cfg.data.features),
+        *(("feature cache", path) for path in caches),
         ("target", cfg.target.path),
         ("warm-start drafter", getattr(cfg.draft, "init_from", None)),
     ]

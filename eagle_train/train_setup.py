@@ -258,7 +258,12 @@ def with_resolved_paths(cfg: RunConfig, out: Path) -> RunConfig:
                 update={
                     "train": resolved(cfg.data.train)
                     if isinstance(cfg.data.train, Path)
-                    else [s.model_copy(update={"path": resolved(s.path)}) for s in cfg.data.train],
+                    else [
+                        s.model_copy(
+                            update={"path": resolved(s.path), "features": resolved(s.features)}
+                        )
+                        for s in cfg.data.train
+                    ],
                     "val": resolved(cfg.data.val),
                     "features": resolved(cfg.data.features),
                 }

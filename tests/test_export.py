@@ -87,6 +87,29 @@ def test_eagle3_variant_config_matches_golden(variant: str, family: str) -> None
     assert drafter.config == json.loads(golden.read_text())
 
 
+# P-EAGLE with EAGLE-3.1's norms before fc (vLLM serves P-EAGLE with its EAGLE-3 loader).
+PEAGLE_VARIANTS = {"eagle31": ["draft.norm_before_fc=true", "draft.fc_norm=true"]}
+
+
+@pytest.mark.parametrize("variant", sorted(PEAGLE_VARIANTS))
+@pytest.mark.parametrize("family", ["llama", "qwen3"])
+def test_peagle_variant_config_matches_golden(variant: str, family: str) -> None:
+    sets = ["draft.mask_token_id=3", *PEAGLE_VARIANTS[variant]]
+    cfg = load_config(RunConfig, REPO / "configs" / "train" / f"peagle-{family}-demo.yaml", sets)
+    spec = get_draft("peagle")
+    target = demo_target(family)
+    vocab = build_vocab_mapping(torch.arange(2048).flip(0), 1024)
+    state = spec.build(cfg.draft, target, vocab).state_dict()
+    drafter = spec.to_vllm(state, cfg.draft, target.description)
+    validate_drafter(spec, drafter, target.description)
+    # the norms' tensors ship under vLLM's names (its loader raises on an unknown one)
+    assert {"input_norm.weight", "fc_norm.0.weight", "fc_norm.2.weight"} <= set(drafter.tensors)
+    golden = GOLDEN / f"peagle-{family}-{variant}-demo.config.json"
+    if os.environ.get("UPDATE_GOLDEN") == "1":
+        golden.write_text(json.dumps(drafter.config, indent=2) + "\n")
+    assert drafter.config == json.loads(golden.read_text())
+
+
 def small_drafter(family: str = "llama"):
     cfg = load_config(RunConfig, REPO / "configs" / "train" / f"eagle3-{family}-demo.yaml")
     spec = get_draft("eagle3")

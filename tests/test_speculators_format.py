@@ -26,6 +26,13 @@ MASK = 5  # a token id of the tiny family target's vocabulary
 # layers fit the 4-layer tiny family target).
 SPECULATORS = [a for a in ALGORITHMS if has_speculators_format(DRAFTS[a])]
 NO_SPECULATORS = [a for a in ALGORITHMS if a not in SPECULATORS]
+# EAGLE-3.1's norms before fc: vLLM's "peagle" type reads norm_before_fc at the top level
+# only and fc_norm from the layer config ("eagle3" reads all three at the top level).
+FUSION_NORMS = ["draft.norm_before_fc=true", "draft.fc_norm=true"]
+CASES = [(a, []) for a in SPECULATORS] + [
+    ("eagle3", [*FUSION_NORMS, "draft.norm_output=true"]),
+    ("peagle", FUSION_NORMS),
+]
 
 
 def run_config(algorithm: str, target: Path, overrides: list[str]) -> RunConfig:
@@ -41,9 +48,11 @@ def llama_target(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_family_target("llama", tmp_path_factory.mktemp("t") / "llama", None)
 
 
-def export_both(algorithm: str, target: Path, out: Path) -> tuple[Path, Path]:
+def export_both(
+    algorithm: str, target: Path, out: Path, extra: tuple[str, ...] = ()
+) -> tuple[Path, Path]:
     sets = [f"draft.mask_token_id={MASK}"] if has_field(algorithm, "mask_token_id") else []
-    cfg = run_config(algorithm, target, sets)
+    cfg = run_config(algorithm, target, [*sets, *extra])
     spec = get_draft(algorithm)
     torch.manual_seed(0)
     state = spec.build(cfg.draft, FrozenTarget.from_pretrained(target, torch.float32), None)
@@ -57,17 +66,20 @@ def export_both(algorithm: str, target: Path, out: Path) -> tuple[Path, Path]:
 
 
 @pytest.mark.vllm
-@pytest.mark.parametrize("algorithm", SPECULATORS)
+@pytest.mark.parametrize(
+    "algorithm, extra", CASES, ids=[a + ("-eagle31" if e else "") for a, e in CASES]
+)
 def test_vllm_reads_the_native_drafter_back(
-    algorithm: str, llama_target: Path, tmp_path: Path
+    algorithm: str, extra: list[str], llama_target: Path, tmp_path: Path
 ) -> None:
     """What vLLM's speculators loader builds equals the native config.json: a missing
     norm_before_residual (vLLM's default is true), DFlash layer ids off by one, a lost mask
     token or K would all serve a different drafter than the one trained."""
     from vllm.transformers_utils.configs.speculators.base import SpeculatorsConfig
 
-    native_dir, spec_dir = export_both(algorithm, llama_target, tmp_path)
+    native_dir, spec_dir = export_both(algorithm, llama_target, tmp_path, tuple(extra))
     native = json.loads((native_dir / "config.json").read_text())
+    assert all(native.get(s.split("=")[0].removeprefix("draft.")) is True for s in extra)
     written = json.loads((spec_dir / "config.json").read_text())
     assert written["speculators_config"]["verifier"]["name_or_path"] == str(llama_target)
     loaded = SpeculatorsConfig.extract_transformers_pre_trained_config(

@@ -18,6 +18,16 @@ class DraftConfigBase(StrictModel):
     init_from: Path | None = None
 
 
+class FusionNorms(StrictModel):
+    """EAGLE-3.1's norms before fc (vLLM's drafter config switches of the same names, all
+    false: EAGLE-3), for the drafts that fuse the target's aux features with fc."""
+
+    # One RMSNorm over the concatenated aux features before fc (tensor input_norm):
+    norm_before_fc: bool = False
+    # One RMSNorm per aux layer's chunk of the features before fc (tensors fc_norm.i):
+    fc_norm: bool = False
+
+
 def refuse_layer_style(data: Any) -> Any:
     """For the ``mode="before"`` validator of a draft config with ``qk_norm``: the old
     ``layer_style`` key (family names for the q/k norm switch) is refused in one line."""

@@ -143,6 +143,35 @@ class DecoderLayer(nn.Module):
         return h + self.mlp(self.post_attention_layernorm(h))
 
 
+class FusedInput(nn.Module):
+    """The base of the drafts that fuse the target's aux features with fc (EAGLE-3, P-EAGLE):
+    ``fc`` with EAGLE-3.1's optional norms before it, under vLLM's names (``input_norm``,
+    ``fc_norm.i``, ``fc``); ``fuse`` is vLLM's ``combine_hidden_states``."""
+
+    input_norm: RMSNorm | None
+    fc_norm: nn.ModuleList | None
+    fc: nn.Linear
+
+    def build_fusion(self, s: DraftShape, norm_before_fc: bool, fc_norm: bool) -> None:
+        fc_in = s.num_aux * s.target_hidden_size
+        self.input_norm = RMSNorm(fc_in, s.rms_norm_eps) if norm_before_fc else None
+        self.fc_norm = (
+            nn.ModuleList(RMSNorm(s.target_hidden_size, s.rms_norm_eps) for _ in range(s.num_aux))
+            if fc_norm
+            else None
+        )
+        self.fc = nn.Linear(fc_in, s.hidden_size, bias=False)
+
+    def fuse(self, aux: Tensor) -> Tensor:
+        """(..., n*TH) aux features -> (..., H)."""
+        if self.input_norm is not None:
+            aux = self.input_norm(aux)
+        if self.fc_norm is not None:
+            chunks = aux.chunk(len(self.fc_norm), dim=-1)
+            aux = torch.cat([norm(c) for norm, c in zip(self.fc_norm, chunks, strict=True)], -1)
+        return self.fc(aux)
+
+
 def shift_left(x: Tensor, n: int) -> Tensor:
     """Shift dim 1 left by ``n``, repeating the last entry (those slots are masked anyway)."""
     if n == 0:
@@ -266,9 +295,16 @@ def fused_from_speculators(
 
 # The EAGLE-3.1 switches of vLLM's EAGLE-3 drafter config (``llama_eagle3.py``), all false
 # when absent: ``norm_before_fc`` one RMSNorm over the concatenated aux features
-# (``input_norm``), ``fc_norm`` one RMSNorm per aux chunk (``fc_norm.i``), ``norm_output``
-# the next step's hidden taken after the final norm instead of before it.
-EAGLE31_SWITCHES = ("norm_before_fc", "fc_norm", "norm_output")
+# (``input_norm``), ``fc_norm`` one RMSNorm per aux chunk (``fc_norm.i``) (these two are
+# FUSION_SWITCHES, P-EAGLE's too), ``norm_output`` the next step's hidden taken after the
+# final norm instead of before it.
+FUSION_SWITCHES = ("norm_before_fc", "fc_norm")
+EAGLE31_SWITCHES = (*FUSION_SWITCHES, "norm_output")
+
+
+def switches(cfg: Any, keys: tuple[str, ...]) -> dict[str, bool]:
+    """The config.json values of the switches ``keys`` of a draft config."""
+    return {key: bool(getattr(cfg, key)) for key in keys}
 
 
 def eagle31_tensors(config: dict[str, Any]) -> dict[str, tuple[int, ...]]:

@@ -200,6 +200,21 @@ class FeatureCache:
         return [handle.get_slice(name)[begin : begin + length] for name in names]
 
 
+class CacheChain:
+    """Several caches read as one, their rows end to end (a data.train mixture's sources,
+    in its order: the rows the mixture's loader hands out)."""
+
+    def __init__(self, caches: list[FeatureCache]) -> None:
+        self.caches = caches
+        self.starts = [0]
+        for cache in caches[:-1]:
+            self.starts.append(self.starts[-1] + cache.num_rows)
+
+    def row(self, row: int, length: int, names: list[str]) -> list[Tensor]:
+        index = bisect.bisect_right(self.starts, row) - 1
+        return self.caches[index].row(row - self.starts[index], length, names)
+
+
 def verify_cache(path: str | Path) -> list[str]:
     """Every shard's sha256 against the manifest: the problems found (none: intact)."""
     cache = FeatureCache(path)

@@ -14,7 +14,7 @@ from typing import Protocol
 import torch
 from torch import Tensor, nn
 
-from eagle_train.target.cache import FeatureCache, stack_rows
+from eagle_train.target.cache import CacheChain, FeatureCache, stack_rows
 from eagle_train.target.frozen import FrozenTarget, TargetFeatures
 
 
@@ -48,7 +48,7 @@ class CachedFeatures:
     """Rows read from a feature cache, right-padded with zeros like the batch (padding is
     never supervised); logits recomputed by the frozen head."""
 
-    cache: FeatureCache
+    cache: FeatureCache | CacheChain
     head: nn.Module
     layer_ids: list[int]
     device: torch.device

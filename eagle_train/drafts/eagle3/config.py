@@ -6,10 +6,10 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
-from eagle_train.drafts.draft_config import DraftConfigBase, refuse_layer_style
+from eagle_train.drafts.draft_config import DraftConfigBase, FusionNorms, refuse_layer_style
 
 
-class Eagle3Config(DraftConfigBase):
+class Eagle3Config(DraftConfigBase, FusionNorms):
     algorithm: Literal["eagle3"] = "eagle3"
     # Target layers whose hidden states are fused, in the "after k layers" convention
     # (vLLM's). None -> (2, L//2, L-3), which collides on targets with fewer than 7 layers.
@@ -21,12 +21,8 @@ class Eagle3Config(DraftConfigBase):
     # ordinary pre-norm decoder layers over H (vLLM's llama_eagle3.py); every TTT step runs
     # all of them. Exported as num_hidden_layers.
     num_layers: int = Field(default=1, ge=1)
-    # EAGLE-3.1, vLLM's drafter config switches of the same names (all false: EAGLE-3).
-    # One RMSNorm over the concatenated aux features before fc (tensor input_norm):
-    norm_before_fc: bool = False
-    # One RMSNorm per aux layer's chunk of the features before fc (tensors fc_norm.i):
-    fc_norm: bool = False
-    # The next TTT step's hidden is the final-normed output instead of the pre-norm one:
+    # EAGLE-3.1: norm_before_fc and fc_norm (FusionNorms), and this vLLM switch: the next
+    # TTT step's hidden is the final-normed output instead of the pre-norm one.
     norm_output: bool = False
     # RMSNorm over each head's q and k before rotary (vLLM serves it as a Qwen3-style layer,
     # without as a Llama one); None: as the target's attention does.

@@ -17,6 +17,7 @@ from eagle_train.drafts.eagle_family import (
     fused_speculators,
     fused_tensors,
     fused_vllm_config,
+    switches,
 )
 from eagle_train.target import TargetDescription
 
@@ -36,7 +37,7 @@ def vllm_config(
 
 
 def eagle31_switches(cfg: Eagle3Config) -> dict[str, bool]:
-    return {key: getattr(cfg, key) for key in EAGLE31_SWITCHES}
+    return switches(cfg, EAGLE31_SWITCHES)
 
 
 def expected_tensors(

@@ -21,6 +21,7 @@ from eagle_train.drafts.eagle3.config import Eagle3Config
 from eagle_train.drafts.eagle_family import (
     DecoderLayer,
     DraftShape,
+    FusedInput,
     FusedLayer,
     LayerKV,
     shift_left,
@@ -34,20 +35,12 @@ class DraftOutput:
     logits: list[Tensor]  # per TTT step: (B, T, Vd) at slot t, predicting x_{t+2+step}
 
 
-class Eagle3Draft(nn.Module):
+class Eagle3Draft(FusedInput):
     def __init__(self, s: DraftShape, target: TargetDescription, cfg: Eagle3Config) -> None:
         super().__init__()
         self.shape = s
-        fc_in = s.num_aux * s.target_hidden_size
         self.embed_tokens = nn.Embedding(s.vocab_size, s.hidden_size)
-        # EAGLE-3.1: one norm over the concatenated features, and/or one per aux layer.
-        self.input_norm = RMSNorm(fc_in, s.rms_norm_eps) if cfg.norm_before_fc else None
-        self.fc_norm = (
-            nn.ModuleList(RMSNorm(s.target_hidden_size, s.rms_norm_eps) for _ in range(s.num_aux))
-            if cfg.fc_norm
-            else None
-        )
-        self.fc = nn.Linear(fc_in, s.hidden_size, bias=False)
+        self.build_fusion(s, cfg.norm_before_fc, cfg.fc_norm)  # fc, EAGLE-3.1's norms
         self.layers = nn.ModuleList(
             [FusedLayer(s), *(DecoderLayer(s) for _ in range(cfg.num_layers - 1))]
         )
@@ -58,15 +51,6 @@ class Eagle3Draft(nn.Module):
         self.register_buffer("d2t", torch.zeros(s.draft_vocab_size, dtype=torch.long))
         self.register_buffer("t2d", torch.ones(s.vocab_size, dtype=torch.bool))
         self.rotary = rotary_embedding(target)  # the target's RoPE, scaling included
-
-    def fuse(self, aux: Tensor) -> Tensor:
-        """(B,T,n*TH) aux features -> (B,T,H), as vLLM's ``combine_hidden_states``."""
-        if self.input_norm is not None:
-            aux = self.input_norm(aux)
-        if self.fc_norm is not None:
-            chunks = aux.chunk(len(self.fc_norm), dim=-1)
-            aux = torch.cat([norm(c) for norm, c in zip(self.fc_norm, chunks, strict=True)], -1)
-        return self.fc(aux)
 
     def step(self, hidden: Tensor, tokens: Tensor, positions: Tensor, kv: list[LayerKV]) -> Tensor:
         """One TTT step. ``hidden`` (B,T,H) is fuse(aux) at step 0, else the previous step's

@@ -6,14 +6,26 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
-from eagle_train.drafts.draft_config import DraftConfigBase, refuse_layer_style
+from eagle_train.config import refuse_moved_key
+from eagle_train.drafts.draft_config import DraftConfigBase, FusionNorms, refuse_layer_style
+
+# vLLM reads norm_output only to pick the hidden it hands the next draft step
+# (model_executor/models/llama_eagle3.py:286); with parallel_drafting the proposer returns
+# after the first forward (v1/spec_decode/llm_base_proposer.py:629), so no next step reads it.
+NO_NORM_OUTPUT = (
+    "draft.norm_output: P-EAGLE drafts every depth in one forward, so vLLM never feeds the "
+    "draft's output back and the switch changes nothing (norm_before_fc and fc_norm apply): "
+    "remove the key"
+)
 
 
-class PEagleConfig(DraftConfigBase):
+class PEagleConfig(DraftConfigBase, FusionNorms):
     algorithm: Literal["peagle"] = "peagle"
     # Target layers fused by fc, "after k layers" convention; None -> (2, L//2, L-3).
     aux_layer_ids: list[int] | None = None
-    # EAGLE-3's fused first layer plus (num_layers - 1) ordinary decoder layers.
+    # EAGLE-3's fused first layer plus (num_layers - 1) ordinary decoder layers. EAGLE-3.1's
+    # norm_before_fc and fc_norm (FusionNorms) apply to the aux features and mask_hidden alike
+    # (vLLM passes both through combine_hidden_states).
     num_layers: int = Field(default=4, ge=1)
     # K: depths predicted in one forward (vLLM num_speculative_tokens).
     parallel_steps: int = Field(default=4, ge=1)
@@ -45,8 +57,8 @@ class PEagleConfig(DraftConfigBase):
 
     @model_validator(mode="before")
     @classmethod
-    def _layer_style_moved(cls, data: Any) -> Any:
-        return refuse_layer_style(data)
+    def _refused_keys(cls, data: Any) -> Any:
+        return refuse_moved_key(refuse_layer_style(data), "norm_output", NO_NORM_OUTPUT)
 
     @model_validator(mode="after")
     def _ratios(self) -> PEagleConfig:

@@ -10,12 +10,14 @@ from torch import Tensor
 
 from eagle_train.drafts.base import VllmDrafter
 from eagle_train.drafts.eagle_family import (
+    FUSION_SWITCHES,
     draft_qk_norm,
     fused_from_speculators,
     fused_import,
     fused_speculators,
     fused_tensors,
     fused_vllm_config,
+    switches,
 )
 from eagle_train.drafts.peagle.config import PEagleConfig
 from eagle_train.target import TargetDescription
@@ -34,7 +36,10 @@ def vllm_config(
     # vLLM ignores parallel_drafting in config.json (the speculative config turns it on);
     # it marks the format so that it is not taken for a plain EAGLE-3 drafter.
     config.update(
-        num_hidden_layers=cfg.num_layers, mask_token_id=mask_token_id, parallel_drafting=True
+        num_hidden_layers=cfg.num_layers,
+        mask_token_id=mask_token_id,
+        parallel_drafting=True,
+        **switches(cfg, FUSION_SWITCHES),  # vLLM's EAGLE-3 loader builds their norms
     )
     return config
 
@@ -69,8 +74,15 @@ def to_vllm(
         num_speculative_tokens=cfg.parallel_steps,
         extra_speculative_config={"parallel_drafting": True},
         # vLLM turns parallel drafting on for the "peagle" speculators type by itself.
+        # vLLM's "peagle" speculators loader reads norm_before_fc at the top level only (and
+        # overwrites the layer config's); fc_norm it reads from the layer config.
         speculators=fused_speculators(
-            "peagle", "PEagleSpeculator", config, state, mask_token_id=mask_id
+            "peagle",
+            "PEagleSpeculator",
+            config,
+            state,
+            mask_token_id=mask_id,
+            norm_before_fc=cfg.norm_before_fc,
         ),
     )
 

@@ -1,4 +1,4 @@
-"""The P-EAGLE draft: the family's fused first layer and fc, then
+"""The P-EAGLE draft: the family's fused first layer and fc (EAGLE-3.1's norms optional), then
 (n-1) ordinary decoder layers, a learnable ``mask_hidden`` (pre-fc aux space) and a learnable
 embedding row for the mask token. One forward computes every sampled (anchor, depth) element.
 
@@ -14,21 +14,22 @@ from torch import Tensor, nn
 
 from eagle_train.drafts import kernels
 from eagle_train.drafts.common import RMSNorm, rotary_embedding
-from eagle_train.drafts.eagle_family import DecoderLayer, DraftShape, FusedLayer
+from eagle_train.drafts.eagle_family import DecoderLayer, DraftShape, FusedInput, FusedLayer
+from eagle_train.drafts.peagle.config import PEagleConfig
 from eagle_train.drafts.peagle.sampling import Elements, attention_mask, block_mask
 from eagle_train.target import TargetDescription
 
 
-class PEagleDraft(nn.Module):
-    def __init__(self, s: DraftShape, target: TargetDescription, num_layers: int) -> None:
+class PEagleDraft(FusedInput):
+    def __init__(self, s: DraftShape, target: TargetDescription, cfg: PEagleConfig) -> None:
         super().__init__()
         self.shape = s
         self.embed_tokens = nn.Embedding(s.vocab_size, s.hidden_size)  # frozen target copy
         self.mask_embedding = nn.Parameter(torch.zeros(s.hidden_size))
         self.mask_hidden = nn.Parameter(torch.zeros(s.num_aux * s.target_hidden_size))
-        self.fc = nn.Linear(s.num_aux * s.target_hidden_size, s.hidden_size, bias=False)
+        self.build_fusion(s, cfg.norm_before_fc, cfg.fc_norm)  # fc, EAGLE-3.1's norms
         self.layers = nn.ModuleList(
-            [FusedLayer(s)] + [DecoderLayer(s) for _ in range(num_layers - 1)]
+            [FusedLayer(s)] + [DecoderLayer(s) for _ in range(cfg.num_layers - 1)]
         )
         self.norm = RMSNorm(s.hidden_size, s.rms_norm_eps)
         self.lm_head = nn.Linear(s.hidden_size, s.draft_vocab_size, bias=False)
@@ -47,7 +48,9 @@ class PEagleDraft(nn.Module):
         # torch.where keeps mask_hidden and mask_embedding in every graph, even one without
         # a deep element: under DDP (find_unused_parameters=False) each backward must reach
         # every trainable parameter (they then get a zero gradient).
-        g = self.fc(torch.where(deep, self.mask_hidden.to(aux_e.dtype), aux_e))
+        # mask_hidden goes through the norms and fc like the aux features (vLLM's proposer
+        # passes it through combine_hidden_states)
+        g = self.fuse(torch.where(deep, self.mask_hidden.to(aux_e.dtype), aux_e))
         tokens = input_ids.gather(1, (e.anchor + 1).clamp(max=t - 1))
         emb = torch.where(deep, self.mask_embedding.to(g.dtype), self.embed_tokens(tokens))
         rope = self.rotary(g, e.anchor + e.depth)

@@ -54,7 +54,7 @@ class PEagleSpec:
             draft_vocab_size=vd,
             qk_norm=draft_qk_norm(cfg.qk_norm, desc),
         )
-        draft = PEagleDraft(shape, desc, cfg.num_layers).float()
+        draft = PEagleDraft(shape, desc, cfg).float()
         draft.attention = cfg.attention
         with torch.no_grad():
             embed = target.embed_tokens().weight.float()
