@@ -22,6 +22,7 @@ from eagle_train.checkpoint import capture_rng_state, checkpoint_name, save_chec
 from eagle_train.data.loader import Batch
 from eagle_train.data.packing import meter_metrics
 from eagle_train.drafts.base import loss_parts
+from eagle_train.drafts.cycles import finish_cycle_metrics
 from eagle_train.drafts.sampled_acceptance import sampled_estimate
 from eagle_train.errors import UserError
 from eagle_train.metrics import WeightedMean, format_metrics
@@ -40,7 +41,15 @@ from eagle_train.run_config import RunConfig
 from eagle_train.train_setup import Run, open_run
 
 log = logging.getLogger(__name__)
-CONSOLE_KEYS = ("loss", "acc_0", "sim_accept_len", "lr", "grad_norm", "tokens_per_s")
+CONSOLE_KEYS = (
+    "loss",
+    "acc_0",
+    "sim_accept_len",
+    "cycle_accept_len",
+    "lr",
+    "grad_norm",
+    "tokens_per_s",
+)
 
 
 class NonFiniteLossError(UserError, RuntimeError):
@@ -138,7 +147,7 @@ class _Window:
     t0: float = field(default_factory=time.perf_counter)
 
     def result(self, run: Run, grad_norm: float) -> dict[str, float]:
-        metrics = _reduce(self.mean, run.env)
+        metrics = finish_cycle_metrics(_reduce(self.mean, run.env))
         elapsed = time.perf_counter() - self.t0
         total_tokens = int(all_reduce_sum(torch.tensor([self.tokens]), run.env).item())
         metrics.update(
@@ -220,7 +229,7 @@ def validate(run: Run) -> dict[str, float]:
             )
             mean.add({**result.metrics, **sampled}, result.weight)
     c.draft.train()
-    return _reduce(mean, env) if shard else mean.result()
+    return finish_cycle_metrics(_reduce(mean, env) if shard else mean.result())
 
 
 def _reduce(mean: WeightedMean, env: DistEnv) -> dict[str, float]:

@@ -56,6 +56,7 @@ def test_cli_trains_logs_and_checkpoints(tiny_world: Path, tiny_llama_data: Path
         "acc_1",
         "acc_2",
         "sim_accept_len",
+        "cycle_accept_len",
         "lr",
         "grad_norm",
         "tokens_per_s",
@@ -65,6 +66,8 @@ def test_cli_trains_logs_and_checkpoints(tiny_world: Path, tiny_llama_data: Path
     assert train[-1]["sim_accept_len"] > train[0]["sim_accept_len"]  # 1 <= it <= K+1 always
     val = read_metrics(out / "metrics.jsonl", "val")
     assert [r["step"] for r in val] == [6, 12, 18, 24]
+    # vLLM's cycles replayed on validation: pooled ratios, the raw weighted counts dropped
+    assert all(1.0 <= r["cycle_accept_len"] <= 4.0 and "cycle_drafts" not in r for r in val)
     ckpts = sorted(p.name for p in (out / "checkpoints").iterdir())
     assert ckpts == ["step-0000024"]  # keep_last=1, no temporaries left
     files = {p.name for p in (out / "checkpoints" / "step-0000024").iterdir()}

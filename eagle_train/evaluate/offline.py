@@ -15,6 +15,7 @@ import torch
 from torch import Tensor
 
 from eagle_train.drafts.base import DraftSpec
+from eagle_train.drafts.cycles import replay_positions
 from eagle_train.target import FrozenTarget
 
 
@@ -46,27 +47,6 @@ def replay_cycles(chains: Tensor, prompt_len: int, num_new: int, k_max: int) -> 
     """(drafts, accepted) of greedy speculative decoding over ``num_new`` generated tokens."""
     drafts, per_position = replay_positions(chains, prompt_len, num_new, k_max)
     return drafts, sum(per_position)
-
-
-def replay_positions(
-    chains: Tensor, prompt_len: int, num_new: int, k_max: int
-) -> tuple[int, list[int]]:
-    """(drafts, accepted tokens at each of the k_max positions), as vLLM's counters count.
-
-    The last cycle may end on accepted tokens alone: when the final accepted token is the
-    stop (eos or the length limit) the bonus token is dropped, but vLLM still counts the
-    accepted ones.
-    """
-    slot, generated, drafts = prompt_len - 1, 1, 0  # prefill yields 1 token
-    per_position = [0] * k_max
-    while generated < num_new:
-        n = min(int(chains[slot]), k_max, num_new - generated)
-        drafts += 1
-        for k in range(n):
-            per_position[k] += 1
-        generated += n + 1
-        slot += n + 1
-    return drafts, per_position
 
 
 @torch.no_grad()

@@ -10,6 +10,7 @@ from torch import Tensor, nn
 from eagle_train.data.loader import Batch
 from eagle_train.data.vocab import VocabMapping
 from eagle_train.drafts.base import StepResult, VllmDrafter
+from eagle_train.drafts.cycles import cycle_metrics
 from eagle_train.drafts.eagle3 import export
 from eagle_train.drafts.eagle3.config import Eagle3Config
 from eagle_train.drafts.eagle3.loss import accuracy_metrics, eagle3_loss
@@ -82,6 +83,7 @@ class Eagle3Spec:
             cfg.drop_out_of_vocab,
         )
         metrics = {"loss": stats.loss.item(), **accuracy_metrics(stats)}
+        metrics.update(cycle_metrics(stats.correct, stats.valid, batch.loss_mask, batch.lengths))
         for k, value in enumerate(stats.step_losses):
             metrics[f"loss_{k}"] = value
         return StepResult(loss=stats.loss, metrics=metrics, weight=int(stats.valid[0].sum()))
