@@ -15,8 +15,9 @@
 #   6. eval-acceptance on MT-Bench (both turns, n-gram first): tokens per target step, AL,
 #      per-position acceptance, greedy equality, paired per-request differences against
 #      n-gram (interleave=false serves the target alone once)
-# BUDGET=default finishes in about 90 minutes on 2 cores with the fp32 target (measured:
-# docs/results/); BUDGET=large writes 4x the prompts for a longer, stronger run.
+# BUDGET=default is sized for about 90 minutes on 2 cores with the fp32 target (measured
+# once at 105 minutes with other jobs on the machine: docs/results/2026-12-01-recipe.md);
+# BUDGET=large writes 4x the prompts and evaluates all of MT-Bench: a longer run.
 #   EAGLE_TRAIN_REAL_TARGET=DIR  use an already converted copy (DIR/bf16, DIR/fp32)
 #   NO_SETUP=1                   use the commands already on PATH instead of scripts/setup_cpu.sh
 #   DTYPE=float32|bfloat16       the target's dtype everywhere (default: bfloat16 where the CPU
