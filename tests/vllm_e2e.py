@@ -16,6 +16,8 @@ from eagle_train.config import load_config
 from eagle_train.data.loader import PreparedData
 from eagle_train.drafts.registry import get_draft
 from eagle_train.engine import VllmEngine
+from eagle_train.engine.counters import SpecCounters
+from eagle_train.evaluate.offline import OfflineAcceptance
 from eagle_train.export import export_draft, export_state, serving_config
 from eagle_train.metrics import read_metrics
 from eagle_train.run_config import RunConfig
@@ -115,16 +117,40 @@ def serve(
         if key not in _ALONE:
             _ALONE[key] = _generate(target, prompts, None)[0]
         return [list(t) for t in _ALONE[key]], 1.0
+    tokens, counters = _generate(target, prompts, serving_config(drafter, k))
+    total = sum(counters, SpecCounters())
+    return tokens, total.acceptance_length
+
+
+def serve_counted(
+    target: Path, prompts: list[list[int]], drafter: Path, k: int | None = None
+) -> tuple[list[list[int]], list[SpecCounters]]:
+    """Greedy tokens and vLLM's own spec-decode counters, per request."""
     return _generate(target, prompts, serving_config(drafter, k))
 
 
 def _generate(
     target: Path, prompts: list[list[int]], spec: dict[str, Any] | None
-) -> tuple[list[list[int]], float]:
+) -> tuple[list[list[int]], list[SpecCounters]]:
     sampling = dict(temperature=0.0, max_tokens=NUM_NEW)
     with VllmEngine(target, dtype="float32", max_model_len=512, speculative_config=spec) as e:
         results = e.generate_one_by_one(prompts, sampling)
-    tokens = [r[0] for r in results]
-    drafts = sum(r[1].drafts for r in results)
-    accepted = sum(r[1].accepted for r in results)
-    return tokens, (1 + accepted / drafts if drafts else 1.0)
+    return [r[0] for r in results], [r[1] for r in results]
+
+
+def assert_counts_match(
+    case: str, offline: OfflineAcceptance, served: list[SpecCounters], flips: int = 1
+) -> None:
+    """The offline replay's per-request counts (drafts, accepted tokens at each position)
+    equal vLLM's counters exactly, on every request but at most ``flips``: both run the same
+    fp32 weights, so a request can differ only where vLLM's CPU kernels and torch's break a
+    near-tie argmax differently. A bug that shifts acceptance at any position (a wrong RoPE
+    position, a wrong feature layer, a wrong draft-vocab map) changes most requests' counts."""
+    vllm_counts = [(c.drafts, list(c.accepted_per_pos)) for c in served]
+    differ = [
+        (i, mine, theirs)
+        for i, (mine, theirs) in enumerate(zip(offline.per_request, vllm_counts, strict=True))
+        if mine != theirs
+    ]
+    print(f"{case}: {len(served) - len(differ)}/{len(served)} requests counted alike: {differ}")
+    assert len(differ) <= flips, (case, differ)
