@@ -133,8 +133,7 @@ if part eval; then
     # per drafter for all 80 questions. EVAL_EVERY=4 takes every 4th question (20, every
     # category) instead of the first EVAL_LIMIT.
     if [ "${EVAL_EVERY:-1}" -gt 1 ]; then
-        python -c "import sys, importlib.resources as r; lines = r.files('eagle_train.evaluate').joinpath('data/mt_bench/question.jsonl').read_text().splitlines(True); sys.stdout.write(''.join(lines[::int(sys.argv[1])]))" \
-            "$EVAL_EVERY" >"$OUT/mt_bench_every$EVAL_EVERY.jsonl"
+        python scripts/mt_bench_every.py "$EVAL_EVERY" "$OUT/mt_bench_every$EVAL_EVERY.jsonl"
         PROMPTS=(--set "prompts=$OUT/mt_bench_every$EVAL_EVERY.jsonl")
     else
         PROMPTS=(--set num_prompts="$EVAL_LIMIT")

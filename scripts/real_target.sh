@@ -109,14 +109,7 @@ stage export-random export-draft "$(last "$OUT/random/checkpoints")" "$OUT/rando
     --overwrite
 
 QUESTIONS=$OUT/mt_bench_every$EVAL_EVERY.jsonl
-python - "$QUESTIONS" "$EVAL_EVERY" <<'EOF'
-import sys
-from importlib import resources
-
-lines = resources.files("eagle_train.evaluate").joinpath("data/mt_bench/question.jsonl")
-kept = lines.read_text().splitlines()[:: int(sys.argv[2])]
-open(sys.argv[1], "w").write("\n".join(kept) + "\n")
-EOF
+python scripts/mt_bench_every.py "$EVAL_EVERY" "$QUESTIONS"
 stage eval eval-acceptance --target "$MODEL" --draft ngram --draft "$OUT/eagle3/drafter" \
     --draft "$OUT/random/drafter" $(for d in ${EVAL_ALSO:-}; do echo --draft "$d"; done) \
     --out "$OUT/eval" --overwrite \
