@@ -41,6 +41,7 @@ class AcceptanceProbe:
             drafters=[self.drafter_dir],
             dtype=self.cfg.target.dtype,
             baseline=False,
+            beside_greedy=False,  # the probe measures at train.acceptance's decoding only
         )
         overall: dict[str, Any] = summarize(run_eval(settings))["drafters"][str(self.drafter_dir)][
             "overall"

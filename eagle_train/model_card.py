@@ -122,6 +122,13 @@ def _acceptance_lines(acceptance: dict[str, Any] | None) -> list[str]:
             f"{'-' if per_step is None else f'{per_step:.3f}'} | "
             f"{row['acceptance_length']:.3f} | {row['tokens_per_s']:.1f} | {speed} |"
         )
+    beside = acceptance.get("sampled_vs_greedy")  # a sampled run with its greedy pass
+    if beside:
+        lines += [
+            "",
+            f"Greedy on the same prompts: {beside['greedy']:.3f} tokens per target step "
+            f"(sampled: {beside['sampled']:.3f}).",
+        ]
     return lines
 
 
@@ -142,5 +149,8 @@ def record_acceptance(drafter_dir: str | Path, summary: dict[str, Any]) -> bool:
         "sampling": summary.get("sampling", {}),  # absent from summaries before it
         **mine,
     }
+    beside = summary.get("sampled_vs_greedy", {}).get(str(drafter_dir))
+    if beside:
+        provenance["acceptance"]["sampled_vs_greedy"] = beside
     atomic_write_text(provenance_path, json.dumps(provenance, indent=2) + "\n")
     return write_card(drafter_dir, provenance)

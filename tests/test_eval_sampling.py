@@ -193,3 +193,99 @@ def test_ab_experiment_takes_the_same_sampling_settings() -> None:
         ab.sampling_sets(flags(top_p=0.9))  # refused before anything trains
     with pytest.raises(ValueError, match="--top-k"):
         ab.sampling_sets(flags(temperature=1.0, top_k=0))
+
+
+def _served(model: str, pid: str, accepted: int, drafts: int) -> dict:
+    """A record of 9 new tokens: (9 - 1) / max(8 - accepted, drafts) tokens per step."""
+    return {**_record(model, pid, [1] * 9), "accepted": accepted, "drafts": drafts}
+
+
+def test_a_sampled_report_puts_greedy_beside_it_with_the_paired_difference(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from eagle_train import model_card
+    from eagle_train.evaluate.report import write_report
+    from eagle_train.model_card import PROVENANCE_FILE
+
+    drafter = tmp_path / "d"
+    drafter.mkdir()
+    (drafter / PROVENANCE_FILE).write_text("{}")
+    info = DrafterInfo(drafter, None, "eagle3", 3)  # type: ignore[arg-type]
+    hot = load_config(EvalSettings, None, ["target=t", f"drafters=[{drafter}]", "temperature=1"])
+    d = str(drafter)
+    # by hand: greedy a 8/4 = 2.0, b 8/max(2, 2) = 4.0; sampled a 8/8 = 1.0, b 8/6
+    run = EvalRun(hot, [info], records=[_served(d, "a", 0, 8), _served(d, "b", 2, 6)])
+    run.greedy = EvalRun(
+        hot.greedy(), [info], records=[_served(d, "a", 4, 4), _served(d, "b", 6, 2)]
+    )
+    summary = summarize(run)
+    beside = summary["sampled_vs_greedy"][d]
+    assert beside["greedy"] == pytest.approx(16 / 6) and beside["sampled"] == pytest.approx(16 / 14)
+    diff = beside["difference"]
+    assert diff["n"] == 2 and diff["mean"] == pytest.approx(((1 - 2) + (8 / 6 - 4)) / 2)
+    assert diff["ci_low"] < diff["mean"] < diff["ci_high"]
+    assert summary["greedy"]["sampling"]["temperature"] == 0.0
+    md = to_markdown(summary)
+    assert "## Sampled beside greedy" in md and "# Greedy pass:" in md
+    assert f"| {d} | 2.667 | 1.143 | -1.833 [" in md
+    assert "Decoding: sampled (temperature 1" in md and "Decoding: greedy (temperature 0)" in md
+    out = tmp_path / "out"
+    write_report(run, out)
+    lines = lambda name: (out / name).read_text().splitlines()  # noqa: E731
+    assert [json.loads(x)["accepted"] for x in lines("per_prompt.jsonl")] == [0, 2]
+    assert [json.loads(x)["accepted"] for x in lines("per_prompt_greedy.jsonl")] == [4, 6]
+    monkeypatch.setattr(model_card, "write_card", lambda *a: True)  # no export to render
+    model_card.record_acceptance(drafter, summary)
+    saved = json.loads((drafter / PROVENANCE_FILE).read_text())["acceptance"]
+    assert saved["sampled_vs_greedy"]["greedy"] == pytest.approx(16 / 6)
+    card = "\n".join(model_card._acceptance_lines(saved))
+    assert "Greedy on the same prompts: 2.667 tokens per target step (sampled: 1.143)" in card
+
+
+class _FakeEngine:
+    """Serves every request 5 tokens with no drafts and records its sampling parameters."""
+
+    def __init__(self, calls: list) -> None:
+        self.calls = calls
+
+    def generate(self, prompts, sampling):
+        return [[7, 8, 9] for _ in prompts]
+
+    def generate_one_by_one(self, prompts, sampling, seeds=None):
+        self.calls.append((sampling["temperature"], seeds is not None, len(prompts)))
+        return [Measured([7, 8, 9, 10, 11], SpecCounters(), 1.0) for _ in prompts]
+
+    def close(self) -> None:
+        pass
+
+
+def test_eval_acceptance_at_temperature_serves_every_request_greedily_too(
+    tiny_world: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from eagle_train.evaluate import harness
+
+    calls: list = []
+
+    def fake_open(settings, drafter, alive, separate=False):
+        process = EngineProcess.__new__(EngineProcess)
+        process.engine = _FakeEngine(calls)
+        return process
+
+    monkeypatch.setattr(harness, "_open", fake_open)
+    target = tiny_world / "targets" / "llama" / "fp32"
+    sets = [f"target={target}", "drafters=[ngram]", "num_prompts=3", "temperature=0.7"]
+    run = harness.run_eval(load_config(EvalSettings, None, sets))
+    assert run.greedy is not None and run.greedy.greedy is None
+    key = lambda r: (r["model"], r["id"], r["turn"])  # noqa: E731
+    assert sorted(map(key, run.records)) == sorted(map(key, run.greedy.records))
+    assert len(run.records) == 2 * 3 * 2  # target and ngram, 3 prompts, 2 turns
+    sampled_calls = [c for c in calls if c[0] == 0.7]
+    greedy_calls = [c for c in calls if c[0] == 0.0]
+    assert all(seeded for _, seeded, _ in sampled_calls)  # sampled: a seed per request
+    assert not any(seeded for _, seeded, _ in greedy_calls)
+    assert sum(n for *_, n in sampled_calls) == sum(n for *_, n in greedy_calls)
+    calls.clear()
+    off = harness.run_eval(load_config(EvalSettings, None, [*sets, "beside_greedy=false"]))
+    assert off.greedy is None and all(t == 0.7 for t, *_ in calls)
+    with pytest.raises(ConfigError, match="beside_greedy=true applies only when sampling"):
+        load_config(EvalSettings, None, [*BASE, "beside_greedy=true"])

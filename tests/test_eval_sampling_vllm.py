@@ -1,4 +1,4 @@
-"""eval-acceptance at temperature 1 in real vLLM, on the tiny demo target, an EAGLE-3 export
+"""eval-acceptance at temperature 1 in real vLLM (with its greedy pass beside), on the tiny demo target, an EAGLE-3 export
 and the n-gram floor: two runs with one seed give the target alone's same per-prompt outputs,
 another seed other outputs; the report states per engine whether a seeded request reproduced;
 the counters are what rejection sampling allows."""
@@ -50,7 +50,7 @@ def runs(tiny_world: Path, tmp_path_factory: pytest.TempPathFactory) -> dict:
     root = tmp_path_factory.mktemp("sampled")
     drafter = _export(tiny_world, root / "drafter")
 
-    def settings(seed: int, drafters: list[Path]) -> EvalSettings:
+    def settings(seed: int, drafters: list[Path], beside_greedy: bool = False) -> EvalSettings:
         return EvalSettings(
             target=tiny_world / "targets" / "llama" / "fp32",
             drafters=drafters,
@@ -65,11 +65,13 @@ def runs(tiny_world: Path, tmp_path_factory: pytest.TempPathFactory) -> dict:
             interleave=False,
             temperature=1.0,
             seed=seed,
+            beside_greedy=beside_greedy,
         )
 
     both = [drafter, Path("ngram")]
-    first, again = run_eval(settings(7, both)), run_eval(settings(7, both))
-    other = run_eval(settings(8, [drafter]))
+    first = run_eval(settings(7, both, beside_greedy=True))
+    again = run_eval(settings(7, [drafter]))
+    other = run_eval(settings(8, [Path("ngram")]))
     return {"first": first, "again": again, "other": other, "drafter": drafter}
 
 
@@ -83,7 +85,7 @@ def test_one_seed_reproduces_the_target_and_the_report_says_whether_drafters_do(
     the run checks it per engine and the report states what it found."""
     first = {_key(r): r for r in runs["first"].records}
     again = {_key(r): r for r in runs["again"].records}
-    assert first.keys() == again.keys() and len(first) == 3 * 3  # target, drafter, ngram
+    assert len(first) == 3 * 3 and len(again) == 2 * 3  # target, drafter(, ngram)
     for key, r in first.items():
         if key[0] == "target":
             assert r["output"] == again[key]["output"], key
@@ -92,7 +94,7 @@ def test_one_seed_reproduces_the_target_and_the_report_says_whether_drafters_do(
     assert runs["first"].reproducible.keys() == names
     same = {
         name: sum(r["output"] == again[k]["output"] for k, r in first.items() if k[0] == name)
-        for name in names
+        for name in ("target", str(runs["drafter"]))
     }
     print(f"outputs equal across two runs with one seed (of 3 each): {same}")
     print(f"warm-up reproduced per engine: {runs['first'].reproducible}")
@@ -130,4 +132,29 @@ def test_counters_are_what_rejection_sampling_allows(runs: dict) -> None:
     for d in summary["drafters"].values():
         assert d["greedy_equal_to_target"] is None
     md = to_markdown(summary)
-    assert "Decoding: sampled (temperature 1; seed 7" in md and "Greedy outputs" not in md
+    sampled_part = md.split("## Sampled beside greedy")[0]
+    assert "Decoding: sampled (temperature 1; seed 7" in md and "Greedy outputs" not in sampled_part
+
+
+def test_the_greedy_pass_beside_is_the_target_alones_greedy_decoding(runs: dict) -> None:
+    """beside_greedy served the same requests at temperature 0: every proposer's output is
+    the target alone's greedy one (lossless), the greedy target reproduces nothing random
+    (its outputs do not depend on the seed), and the report's side-by-side numbers are
+    each pass's own pooled figures."""
+    greedy = runs["first"].greedy
+    assert greedy is not None and greedy.settings.temperature == 0
+    by_key = {_key(r): r for r in greedy.records}
+    assert {k[1:] for k in by_key} == {_key(r)[1:] for r in runs["first"].records}
+    for (model, pid, turn), r in by_key.items():
+        assert r["output"] == by_key[("target", pid, turn)]["output"], (model, pid)
+    summary = summarize(runs["first"])
+    for name in (str(runs["drafter"]), "ngram"):
+        beside = summary["sampled_vs_greedy"][name]
+        assert (
+            beside["greedy"]
+            == summary["greedy"]["drafters"][name]["overall"]["tokens_per_target_step"]
+        )
+        assert beside["sampled"] == summary["drafters"][name]["overall"]["tokens_per_target_step"]
+        eq = summary["greedy"]["drafters"][name]["greedy_equal_to_target"]
+        assert eq == {"equal": 3, "requests": 3}
+    print(to_markdown(summary).split("## Sampled beside greedy")[1].split("# Greedy pass")[0])

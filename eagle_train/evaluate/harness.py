@@ -49,9 +49,22 @@ class EvalRun:
     # Sampled runs: per engine ("target" or the drafter), whether its warm-up request,
     # served twice with one seed, drew the same tokens both times.
     reproducible: dict[str, bool] = field(default_factory=dict)
+    # Sampled runs with ``beside_greedy``: the same requests served greedily, in a pass of
+    # their own (fresh engines), for the report's side-by-side table.
+    greedy: EvalRun | None = None
 
 
 def run_eval(settings: EvalSettings) -> EvalRun:
+    """Every drafter at the settings' decoding; a sampled run with ``beside_greedy`` then
+    serves the same prompts greedily too (``EvalRun.greedy``)."""
+    run = _run_one(settings)
+    if settings.temperature > 0 and settings.beside_greedy:
+        log.info("beside_greedy: the same requests again, greedy")
+        run.greedy = _run_one(settings.greedy())
+    return run
+
+
+def _run_one(settings: EvalSettings) -> EvalRun:
     if settings.turns == 2 and not settings.baseline:
         raise ConfigError(
             "turns=2: turn 2 is asked with the target's own first answer: keep the baseline"

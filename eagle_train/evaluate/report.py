@@ -76,7 +76,30 @@ def summarize(run: EvalRun) -> dict[str, Any]:
         "drafters": drafters,
         "paired": _paired(run, by_model),
     }
+    if run.greedy is not None:
+        summary["greedy"] = summarize(run.greedy)
+        summary["sampled_vs_greedy"] = _sampled_vs_greedy(run, run.greedy)
     return summary
+
+
+def _sampled_vs_greedy(sampled: EvalRun, greedy: EvalRun) -> dict[str, dict[str, Any]]:
+    """Per drafter: tokens per target step greedy and sampled (pooled), and the paired
+    difference sampled - greedy over the requests both served (matched by prompt and turn;
+    turn 2 follows each decoding's own first answer)."""
+    out = {}
+    for info in sampled.drafters:
+        name = str(info.path)
+        rows = {
+            decoding: {(r["id"], r["turn"]): r for r in run.records if r["model"] == name}
+            for decoding, run in (("greedy", greedy), ("sampled", sampled))
+        }
+        keys = sorted(rows["greedy"].keys() & rows["sampled"].keys())
+        pair = [[request_tokens_per_step(rows[d][k]) for k in keys] for d in rows]
+        out[name] = {
+            **{d: pooled_tokens_per_step([rows[d][k] for k in keys]) for d in rows},
+            "difference": paired_difference(*pair).__dict__ if len(keys) > 1 else None,
+        }
+    return out
 
 
 def _greedy_equal(rows: list[dict], target: dict[tuple, dict]) -> dict[str, int] | None:
@@ -140,10 +163,9 @@ def _paired(run: EvalRun, by_model: dict[str, list[dict]]) -> list[dict[str, Any
     return out
 
 
-def to_markdown(summary: dict[str, Any]) -> str:
+def to_markdown(summary: dict[str, Any], title: str = "Acceptance length") -> str:
     lines = [
-        f"# Acceptance length: {summary['target']} ({summary['prompts']}, "
-        f"turns {summary['turns']})",
+        f"# {title}: {summary['target']} ({summary['prompts']}, turns {summary['turns']})",
         "",
         f"Decoding: {summary['sampling']['label']}",
         "",
@@ -180,7 +202,32 @@ def to_markdown(summary: dict[str, Any]) -> str:
             f"mean {p['mean']:+.3f}, t = {p['t']:.2f}, p = {p['p_value']:.3g}, "
             f"95% CI [{p['ci_low']:+.3f}, {p['ci_high']:+.3f}]"
         )
+    if "greedy" in summary:
+        lines += [
+            "",
+            *_beside_greedy_lines(summary),
+            "",
+            to_markdown(summary["greedy"], "Greedy pass"),
+        ]
     return "\n".join(lines) + "\n"
+
+
+def _beside_greedy_lines(summary: dict[str, Any]) -> list[str]:
+    lines = [
+        "## Sampled beside greedy",
+        "",
+        f"The same prompts served twice: {summary['sampling']['label']}, then greedy "
+        "(temperature 0); the greedy run's full tables follow.",
+        "",
+        "| proposer | greedy tokens per target step | sampled | sampled - greedy "
+        "(per request, 95% CI) |",
+        "|---|---|---|---|",
+    ]
+    for name, row in summary["sampled_vs_greedy"].items():
+        d = row["difference"]
+        diff = f"{d['mean']:+.3f} [{d['ci_low']:+.3f}, {d['ci_high']:+.3f}]" if d else "-"
+        lines.append(f"| {name} | {row['greedy']:.3f} | {row['sampled']:.3f} | {diff} |")
+    return lines
 
 
 METRICS_LEGEND = (
@@ -249,9 +296,11 @@ def write_report(run: EvalRun, out_dir: Path, overwrite: bool = False) -> dict[s
     check_replaceable(out_dir, "--out", overwrite, is_report_dir, "an evaluation")
     summary = summarize(run)
     with atomic_directory(out_dir) as tmp:
-        with open(tmp / "per_prompt.jsonl", "w") as f:
-            for r in run.records:
-                f.write(json.dumps(r) + "\n")
+        for name, part in (("per_prompt", run), ("per_prompt_greedy", run.greedy)):
+            if part is not None:  # the greedy pass of a sampled run in a file of its own
+                with open(tmp / f"{name}.jsonl", "w") as f:
+                    for r in part.records:
+                        f.write(json.dumps(r) + "\n")
         (tmp / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
         (tmp / "summary.md").write_text(to_markdown(summary))
         plot(summary, tmp / "acceptance.png")

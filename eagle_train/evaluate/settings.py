@@ -69,6 +69,26 @@ class EvalSettings(AcceptanceSettings):
     interleave: bool = True
     # vLLM's GPU memory share per engine; None: 0.9 split between the engines alive at once.
     gpu_memory_utilization: float | None = Field(default=None, gt=0, le=1)
+    # Sampled runs (temperature > 0): every engine also serves the same requests greedily
+    # (a second pass, about twice the serving), and the report puts the two side by side.
+    beside_greedy: bool = True
+
+    @model_validator(mode="after")
+    def _beside_greedy_when_sampling(self) -> EvalSettings:
+        if (
+            self.temperature == 0
+            and self.beside_greedy
+            and "beside_greedy" in self.model_fields_set
+        ):
+            raise ValueError(
+                "beside_greedy=true applies only when sampling: set temperature > 0 (a greedy "
+                "run is the greedy figure already)"
+            )
+        return self
+
+    def greedy(self) -> EvalSettings:
+        """The same measurement decoded greedily (temperature 0, top_p and top_k off)."""
+        return self.model_copy(update=dict(temperature=0.0, top_p=1.0, top_k=None))
 
 
 class TrainAcceptance(AcceptanceSettings):
