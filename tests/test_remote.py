@@ -31,6 +31,17 @@ def test_calls_run_in_the_worker() -> None:
         assert remote.proc.pid != os.getpid()
 
 
+def test_the_worker_keeps_vllms_engine_core_in_its_own_process(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A worker is daemonic and may not start children, so vLLM's V1 engine core must run
+    in it (without this, eval-acceptance from a plain shell failed in every engine start)."""
+    monkeypatch.delenv("VLLM_ENABLE_V1_MULTIPROCESSING", raising=False)
+    with Remote(os.getenv, "VLLM_ENABLE_V1_MULTIPROCESSING") as remote:
+        assert remote.call("strip") == "0"
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)

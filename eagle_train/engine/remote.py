@@ -33,6 +33,8 @@ def _serve(
     conn: Any, factory: Callable[..., Any], args: tuple, env: dict[str, str], parent: int
 ) -> None:
     _die_with(parent)
+    # A daemonic process may not start children: vLLM's engine core runs in this process.
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     os.environ.update(env)
     try:
         obj = factory(*args)
