@@ -25,13 +25,14 @@ from vllm_e2e import (
     assert_above_floor,
     assert_counts_match,
     held_out_prompts,
+    offline_estimate,
+    rebuilt_draft,
     serve,
     serve_counted,
     train_and_export,
 )
 
 from eagle_train.checkpoint import load_draft_checkpoint
-from eagle_train.drafts.registry import get_draft
 from eagle_train.engine.counters import SpecCounters
 from eagle_train.evaluate.offline import estimate_acceptance
 from eagle_train.export import export_state, serving_config
@@ -72,12 +73,8 @@ def test_served_in_vllm_lossless_and_accepting(trained: dict, tiny_world: Path) 
     assert with_random == baseline
     assert_above_floor(f"dflash-{family}", al_trained, al_random, MEASURED[family])
 
-    cfg, state, _ = load_draft_checkpoint(trained["checkpoint"])
-    spec = get_draft(cfg.draft.algorithm)
-    target = FrozenTarget.from_pretrained(fp32_target, dtype=torch.float32)
-    draft = spec.build(cfg.draft, target, None)
-    draft.load_state_dict(state)  # the bf16 weights vLLM serves, upcast like vLLM does
-    offline = estimate_acceptance(spec, draft, cfg.draft, target, prompts, baseline, BLOCK - 1)
+    checkpoint = trained["checkpoint"]
+    _, offline = offline_estimate(checkpoint, fp32_target, prompts, baseline, BLOCK - 1)
     print(
         f"{family}: vLLM AL {al_trained:.3f} (random {al_random:.3f}), "
         f"offline {offline.acceptance_length:.3f}"
@@ -110,15 +107,13 @@ def test_two_layer_draft_matches_the_offline_estimate(
     with_draft, counted = serve_counted(fp32_target, prompts, drafter)
     al = sum(counted, SpecCounters()).acceptance_length
     assert with_draft == baseline
-    spec = get_draft(cfg.draft.algorithm)
     target = FrozenTarget.from_pretrained(fp32_target, dtype=torch.float32)
-    draft = spec.build(cfg.draft, target, None)
-    draft.load_state_dict({k: v.to(torch.bfloat16) for k, v in state.items()})
+    bf16 = {k: v.to(torch.bfloat16) for k, v in state.items()}
+    spec, draft = rebuilt_draft(cfg, bf16, target)
     offline = estimate_acceptance(spec, draft, cfg.draft, target, prompts, baseline, BLOCK - 1)
     # the second layer changes proposals, so agreeing with vLLM means vLLM ran it too
     one_cfg, one_state, _ = load_draft_checkpoint(trained["checkpoint"])
-    one = spec.build(one_cfg.draft, target, None)
-    one.load_state_dict(one_state)
+    _, one = rebuilt_draft(one_cfg, one_state, target)
     seq = torch.tensor([prompts[0] + baseline[0]])
     features = target.features(seq, None, spec.target_layer_ids(cfg.draft, target.description))
     assert not torch.equal(

@@ -10,23 +10,17 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-import torch
 from vllm_e2e import (
     FLOOR_FRACTION,
     assert_counts_match,
     held_out_prompts,
+    offline_estimate,
     serve,
     serve_counted,
     train_and_export,
 )
 
-from eagle_train.checkpoint import load_draft_checkpoint
-from eagle_train.data.loader import PreparedData
-from eagle_train.drafts.registry import get_draft
 from eagle_train.engine.counters import SpecCounters
-from eagle_train.evaluate.offline import estimate_acceptance
-from eagle_train.target import FrozenTarget
-from eagle_train.train_setup import draft_vocab
 
 pytestmark = pytest.mark.vllm
 K = 3
@@ -52,14 +46,8 @@ def test_two_layer_eagle31_served_in_vllm(tiny_world: Path, tmp_path: Path) -> N
     al_trained = sum(counted, SpecCounters()).acceptance_length
     assert with_draft == baseline  # speculative decoding is lossless under greedy
 
-    cfg, state, _ = load_draft_checkpoint(trained["checkpoint"])
-    spec = get_draft(cfg.draft.algorithm)
-    target = FrozenTarget.from_pretrained(fp32_target, dtype=torch.float32)
-    vocab = draft_vocab(cfg, PreparedData(cfg.data.train), target.description.vocab_size)
-    draft = spec.build(cfg.draft, target, vocab)
+    draft, offline = offline_estimate(trained["checkpoint"], fp32_target, prompts, baseline, K)
     assert len(draft.layers) == 2 and draft.input_norm is not None
-    draft.load_state_dict(state)  # the bf16 weights vLLM serves, upcast like vLLM does
-    offline = estimate_acceptance(spec, draft, cfg.draft, target, prompts, baseline, K)
     print(f"2-layer EAGLE-3.1: vLLM AL {al_trained:.3f}, offline {offline.acceptance_length:.3f}")
     assert_counts_match("eagle3.1-2-layers", offline, counted)
     assert al_trained >= FLOOR_FRACTION * MEASURED, (al_trained, FLOOR_FRACTION * MEASURED)

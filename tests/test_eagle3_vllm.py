@@ -14,23 +14,17 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-import torch
 from vllm_e2e import (
     assert_above_floor,
     assert_counts_match,
     held_out_prompts,
+    offline_estimate,
     serve,
     serve_counted,
     train_and_export,
 )
 
-from eagle_train.checkpoint import load_draft_checkpoint
-from eagle_train.data.loader import PreparedData
-from eagle_train.drafts.registry import get_draft
 from eagle_train.engine.counters import SpecCounters
-from eagle_train.evaluate.offline import estimate_acceptance
-from eagle_train.target import FrozenTarget
-from eagle_train.train_setup import draft_vocab
 
 pytestmark = pytest.mark.vllm
 K = 3
@@ -68,13 +62,7 @@ def test_served_in_vllm_lossless_and_accepting(trained: dict, tiny_world: Path) 
     assert with_random == baseline
     assert_above_floor(f"eagle3-{family}", al_trained, al_random, MEASURED[family])
 
-    cfg, state, _ = load_draft_checkpoint(trained["checkpoint"])
-    spec = get_draft(cfg.draft.algorithm)
-    target = FrozenTarget.from_pretrained(fp32_target, dtype=torch.float32)
-    vocab = draft_vocab(cfg, PreparedData(cfg.data.train), target.description.vocab_size)
-    draft = spec.build(cfg.draft, target, vocab)
-    draft.load_state_dict(state)  # the bf16 weights vLLM serves, upcast like vLLM does
-    offline = estimate_acceptance(spec, draft, cfg.draft, target, prompts, baseline, K)
+    _, offline = offline_estimate(trained["checkpoint"], fp32_target, prompts, baseline, K)
     print(
         f"{family}: vLLM AL {al_trained:.3f} (random {al_random:.3f}), "
         f"offline {offline.acceptance_length:.3f}"

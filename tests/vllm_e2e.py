@@ -12,12 +12,14 @@ import torch
 from conftest import draft_vocab_sets, prepare_tiny_data
 from transformers import AutoTokenizer
 
+from eagle_train.checkpoint import load_draft_checkpoint
 from eagle_train.config import load_config
 from eagle_train.data.loader import PreparedData
+from eagle_train.drafts.base import DraftSpec
 from eagle_train.drafts.registry import get_draft
 from eagle_train.engine import VllmEngine
 from eagle_train.engine.counters import SpecCounters
-from eagle_train.evaluate.offline import OfflineAcceptance
+from eagle_train.evaluate.offline import OfflineAcceptance, estimate_acceptance
 from eagle_train.export import export_draft, export_state, serving_config
 from eagle_train.metrics import read_metrics
 from eagle_train.run_config import RunConfig
@@ -154,3 +156,31 @@ def assert_counts_match(
     ]
     print(f"{case}: {len(served) - len(differ)}/{len(served)} requests counted alike: {differ}")
     assert len(differ) <= flips, (case, differ)
+
+
+def rebuilt_draft(
+    cfg: RunConfig, state: dict[str, torch.Tensor], target: FrozenTarget
+) -> tuple[DraftSpec, torch.nn.Module]:
+    """The draft ``cfg`` describes, with its vocabulary (the counts of ``cfg.data.train``), its
+    weights loaded from ``state`` (the bf16 weights vLLM serves, upcast like vLLM does)."""
+    spec = get_draft(cfg.draft.algorithm)
+    vocab = draft_vocab(cfg, PreparedData(cfg.data.train), target.description.vocab_size)
+    draft = spec.build(cfg.draft, target, vocab)
+    draft.load_state_dict(state)
+    return spec, draft.eval()
+
+
+def offline_estimate(
+    checkpoint: Path,
+    fp32_target: Path,
+    prompts: list[list[int]],
+    outputs: list[list[int]],
+    num_steps: int,
+) -> tuple[torch.nn.Module, OfflineAcceptance]:
+    """The project's offline replay of a checkpoint's draft next to the fp32 target, on the
+    target's greedy ``outputs``: (the rebuilt draft, its per-request counts)."""
+    cfg, state, _ = load_draft_checkpoint(checkpoint)
+    target = FrozenTarget.from_pretrained(fp32_target, dtype=torch.float32)
+    spec, draft = rebuilt_draft(cfg, state, target)
+    offline = estimate_acceptance(spec, draft, cfg.draft, target, prompts, outputs, num_steps)
+    return draft, offline
