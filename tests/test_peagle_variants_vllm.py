@@ -4,11 +4,11 @@ its EAGLE-3 loader (``llama_eagle3.py`` builds ``input_norm`` and ``fc_norm`` fr
 switches, and its proposer passes ``mask_hidden`` through ``combine_hidden_states``). Greedy
 output with the drafter equals the target alone (fp32 target); the trained drafter keeps 90% of
 the acceptance length measured on the unmutated code (vllm_e2e.FLOOR_FRACTION); and the
-project's offline estimate on the same prompts agrees with vLLM's counters within 0.05, the
-tolerance of test_eagle1_peagle_vllm.py and test_eagle3_variants_vllm.py, for the same reason
-(both run the same fp32 weights; only a near-tie argmax flip can move a cycle). A drafter
-whose mask_hidden skipped the norms, or whose norms were not exported, serves a different
-drafter than the offline estimate measures.
+project's offline replay on the same prompts counts each request's drafts and accepted tokens
+per position exactly as vLLM's counters do (vllm_e2e.assert_counts_match: both run the same
+fp32 weights; only a near-tie argmax flip can move a cycle). A drafter whose mask_hidden
+skipped the norms, or whose norms were not exported, serves a different drafter than the
+offline estimate measures.
 """
 
 from __future__ import annotations
@@ -17,21 +17,25 @@ import json
 from pathlib import Path
 
 import pytest
-import torch
-from vllm_e2e import FLOOR_FRACTION, held_out_prompts, serve, train_and_export
+from vllm_e2e import (
+    FLOOR_FRACTION,
+    assert_counts_match,
+    held_out_prompts,
+    offline_estimate,
+    serve,
+    serve_counted,
+    train_and_export,
+)
 
-from eagle_train.checkpoint import load_draft_checkpoint
-from eagle_train.data.loader import PreparedData
-from eagle_train.drafts.registry import get_draft
-from eagle_train.evaluate.offline import estimate_acceptance
-from eagle_train.target import FrozenTarget
-from eagle_train.train_setup import draft_vocab
+from eagle_train.engine.counters import SpecCounters
 
 pytestmark = pytest.mark.vllm
 K = 3
-# vLLM AL of the trained drafter, measured 2026-12-01 on 2 shared CPU cores (this file run
-# once, unmutated; the offline estimate was 1.923 too).
-MEASURED = 1.923
+# vLLM AL of the trained drafter, the lower of two machines' (this file run unmutated): 1.923
+# on 2026-12-01, 1.661 on 2026-12-02 on an AMD EPYC (2 cores; offline equal both times, 8/8
+# requests counted alike). The tiny world's regenerated data and the training's CPU kernels
+# differ between machines, so the floor is taken from the lower one.
+MEASURED = 1.661
 
 
 def test_peagle_eagle31_served_in_vllm(tiny_world: Path, tmp_path: Path) -> None:
@@ -47,17 +51,12 @@ def test_peagle_eagle31_served_in_vllm(tiny_world: Path, tmp_path: Path) -> None
     fp32_target = tiny_world / "targets" / "llama" / "fp32"
     prompts = held_out_prompts(tiny_world, "llama")
     baseline, _ = serve(fp32_target, prompts, None)
-    with_draft, al_trained = serve(fp32_target, prompts, trained["drafter"], K)
+    with_draft, counters = serve_counted(fp32_target, prompts, trained["drafter"], K)
     assert with_draft == baseline  # speculative decoding is lossless under greedy
 
-    cfg, state, _ = load_draft_checkpoint(trained["checkpoint"])
-    spec = get_draft(cfg.draft.algorithm)
-    target = FrozenTarget.from_pretrained(fp32_target, dtype=torch.float32)
-    vocab = draft_vocab(cfg, PreparedData(cfg.data.train), target.description.vocab_size)
-    draft = spec.build(cfg.draft, target, vocab)
+    draft, offline = offline_estimate(trained["checkpoint"], fp32_target, prompts, baseline, K)
     assert draft.input_norm is not None and draft.fc_norm is not None
-    draft.load_state_dict(state)  # the bf16 weights vLLM serves, upcast like vLLM does
-    offline = estimate_acceptance(spec, draft.eval(), cfg.draft, target, prompts, baseline, K)
+    al_trained = sum(counters, SpecCounters()).acceptance_length
     print(f"P-EAGLE 3.1: vLLM AL {al_trained:.3f}, offline {offline.acceptance_length:.3f}")
-    assert abs(offline.acceptance_length - al_trained) <= 0.05
+    assert_counts_match("P-EAGLE 3.1", offline, counters)
     assert al_trained >= FLOOR_FRACTION * MEASURED, (al_trained, FLOOR_FRACTION * MEASURED)

@@ -4,8 +4,8 @@
   and its <|im_end|> (id 2), written by hand;
 - a briefly trained EAGLE-3 drafter (the target's own answers to demo chats), exported and
   served next to the fp32 target: greedy output identical to the target alone, and the
-  project's offline estimate equal to vLLM's acceptance length (same tolerance and reasoning
-  as test_eagle3_vllm.py). It trains against the fp32 copy: this test's subject is serving
+  project's offline replay counting each request's drafts and accepted tokens per position
+  exactly as vLLM's counters do (vllm_e2e.assert_counts_match, as in test_eagle3_vllm.py). It trains against the fp32 copy: this test's subject is serving
   and estimating a real model, not bf16 arithmetic (the tiny-target tests train in bf16),
   and on CPUs without bf16 units a bf16 step of a 135M target costs several fp32 ones.
 
@@ -20,26 +20,20 @@ import os
 from pathlib import Path
 
 import pytest
-import torch
 from data_fixtures import write_jsonl
 from transformers import AutoTokenizer
-from vllm_e2e import serve
+from vllm_e2e import assert_counts_match, offline_estimate, serve, serve_counted
 
-from eagle_train.checkpoint import load_draft_checkpoint
 from eagle_train.config import load_config
 from eagle_train.data import ChatRenderer
 from eagle_train.data.config import PrepareDataConfig
-from eagle_train.data.loader import PreparedData
 from eagle_train.data.prepare import prepare_data
 from eagle_train.demo.corpus import build_corpus
-from eagle_train.drafts.registry import get_draft
-from eagle_train.evaluate.offline import estimate_acceptance
+from eagle_train.engine.counters import SpecCounters
 from eagle_train.evaluate.prompts import load_prompts
 from eagle_train.export import export_draft
 from eagle_train.run_config import RunConfig
-from eagle_train.target import FrozenTarget
 from eagle_train.train import train
-from eagle_train.train_setup import draft_vocab
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 REPO = Path(__file__).resolve().parents[1]
@@ -146,15 +140,10 @@ def test_trained_drafter_served_lossless_and_estimated_exactly(
         for p in load_prompts("mt_bench", 4)
     ]
     baseline, _ = serve(fp32, prompts, None)
-    with_draft, al_vllm = serve(fp32, prompts, drafter, K)
+    with_draft, counters = serve_counted(fp32, prompts, drafter, K)
     assert with_draft == baseline  # lossless under greedy, on a real model
 
-    saved, state, _ = load_draft_checkpoint(checkpoint)
-    spec = get_draft(saved.draft.algorithm)
-    target = FrozenTarget.from_pretrained(fp32, dtype=torch.float32)
-    vocab = draft_vocab(saved, PreparedData(saved.data.train), target.description.vocab_size)
-    draft = spec.build(saved.draft, target, vocab)
-    draft.load_state_dict(state)
-    offline = estimate_acceptance(spec, draft, saved.draft, target, prompts, baseline, K)
+    _, offline = offline_estimate(checkpoint, fp32, prompts, baseline, K)
+    al_vllm = sum(counters, SpecCounters()).acceptance_length
     print(f"SmolLM2 smoke: vLLM AL {al_vllm:.3f}, offline {offline.acceptance_length:.3f}")
-    assert abs(offline.acceptance_length - al_vllm) <= 0.05
+    assert_counts_match("SmolLM2", offline, counters)
