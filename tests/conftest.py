@@ -20,6 +20,25 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
+def _share_cores_between_workers() -> None:
+    """Under pytest-xdist (``-n N``), give each worker its own cores: torch's thread count
+    and vLLM's CPU thread binding. vLLM binds its OpenMP threads to cores; two engines bound
+    to the same ones busy-wait on each other and run several times slower."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if worker is None or count < 2:
+        return
+    cores = sorted(os.sched_getaffinity(0))
+    share = max(1, len(cores) // count)
+    index = int(worker.removeprefix("gw")) % max(1, len(cores) // share)
+    mine = cores[index * share : (index + 1) * share]
+    os.environ["OMP_NUM_THREADS"] = str(len(mine))
+    os.environ["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(map(str, mine))
+
+
+_share_cores_between_workers()  # before anything imports torch
+
+
 def pytest_configure(config: pytest.Config) -> None:
     cache = Path(os.environ.get("EAGLE_TRAIN_TEST_CACHE", REPO / ".pytest_cache" / "vllm"))
     os.environ.setdefault("VLLM_CACHE_ROOT", str(cache))
