@@ -22,8 +22,9 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 def _share_cores_between_workers() -> None:
     """Under pytest-xdist (``-n N``), give each worker its own cores: torch's thread count
-    and vLLM's CPU thread binding. vLLM binds its OpenMP threads to cores; two engines bound
-    to the same ones busy-wait on each other and run several times slower."""
+    (which an in-process vLLM engine uses too) and the cores vLLM binds an engine started in
+    its own process to. Two workers each running threads on every core busy-wait on each
+    other and run several times slower."""
     worker = os.environ.get("PYTEST_XDIST_WORKER")
     count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
     if worker is None or count < 2:
