@@ -31,7 +31,7 @@ def _share_cores_between_workers() -> None:
         return
     cores = sorted(os.sched_getaffinity(0))
     share = max(1, len(cores) // count)
-    index = int(worker.removeprefix("gw")) % max(1, len(cores) // share)
+    index = int(worker.removeprefix("gw")) % (len(cores) // share)
     mine = cores[index * share : (index + 1) * share]
     os.environ["OMP_NUM_THREADS"] = str(len(mine))
     os.environ["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(map(str, mine))

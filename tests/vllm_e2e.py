@@ -160,7 +160,7 @@ def assert_counts_match(
     ]
     print(f"{case}: {len(served) - len(differ)}/{len(served)} requests counted alike: {differ}")
     assert len(differ) <= flips, (case, differ)
-    arithmetic = [d for d in differ if d[1][1] == d[2][1]]
+    arithmetic = [(i, mine, theirs) for i, mine, theirs in differ if mine[1] == theirs[1]]
     assert not arithmetic, (case, "drafts differ with the same accepted tokens", arithmetic)
 
 
