@@ -58,7 +58,7 @@ def parse_arms(specs: list[str]) -> list[tuple[str, list[str]]]:
 
 def sampling_sets(args: argparse.Namespace) -> list[str]:
     """``key=value`` of the sampling flags given, checked by eval-acceptance's own schema
-    before anything trains (top_p/top_k without a temperature are refused)."""
+    before anything trains (top_p/top_k/seed without a temperature are refused)."""
     from pydantic import ValidationError
 
     from eagle_train.evaluate.settings import Sampling

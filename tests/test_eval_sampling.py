@@ -45,8 +45,8 @@ def test_sampling_settings_are_one_schema_for_eval_and_training() -> None:
     assert probe.temperature == 1.0
 
 
-@pytest.mark.parametrize("key", ["top_p=0.9", "top_k=5"])
-def test_top_p_and_top_k_are_refused_when_greedy(key: str) -> None:
+@pytest.mark.parametrize("key", ["top_p=0.9", "top_k=5", "seed=3"])
+def test_top_p_top_k_and_seed_are_refused_when_greedy(key: str) -> None:
     name = key.split("=")[0]
     with pytest.raises(ConfigError, match=f"{name} applies only when sampling"):
         load_config(EvalSettings, None, [*BASE, key])
@@ -191,6 +191,8 @@ def test_ab_experiment_takes_the_same_sampling_settings() -> None:
     assert ab.sampling_sets(flags(temperature=0.8, top_k=5)) == ["temperature=0.8", "top_k=5"]
     with pytest.raises(ValueError, match="top_p applies only when sampling"):
         ab.sampling_sets(flags(top_p=0.9))  # refused before anything trains
+    with pytest.raises(ValueError, match="seed applies only when sampling"):
+        ab.sampling_sets(flags(seed=1))  # a seed would change nothing at temperature 0
     with pytest.raises(ValueError, match="--top-k"):
         ab.sampling_sets(flags(temperature=1.0, top_k=0))
 

@@ -25,13 +25,15 @@ class Sampling(StrictModel):
     temperature: float = Field(default=0.0, ge=0)
     top_p: float = Field(default=1.0, gt=0, le=1)  # 1: off
     top_k: int | None = Field(default=None, ge=1)  # None: off
-    seed: int = Field(default=0, ge=0)  # the run's seed; each request's is derived from it
+    # The run's seed, each request's derived from it; refused at temperature 0 like top_p/top_k.
+    seed: int = Field(default=0, ge=0)
 
     @model_validator(mode="after")
     def _sampled_only(self) -> Sampling:
         if self.temperature == 0:
-            for key, off in (("top_p", self.top_p == 1.0), ("top_k", self.top_k is None)):
-                if not off:
+            off = {"top_p": self.top_p == 1.0, "top_k": self.top_k is None, "seed": self.seed == 0}
+            for key, unset in off.items():
+                if not unset:
                     raise ValueError(
                         f"{key} applies only when sampling: set temperature > 0 (temperature "
                         "0 is greedy decoding, which takes the argmax and samples nothing)"
@@ -87,8 +89,8 @@ class EvalSettings(AcceptanceSettings):
         return self
 
     def greedy(self) -> EvalSettings:
-        """The same measurement decoded greedily (temperature 0, top_p and top_k off)."""
-        return self.model_copy(update=dict(temperature=0.0, top_p=1.0, top_k=None))
+        """The same measurement decoded greedily (temperature 0, top_p, top_k and seed off)."""
+        return self.model_copy(update=dict(temperature=0.0, top_p=1.0, top_k=None, seed=0))
 
 
 class TrainAcceptance(AcceptanceSettings):
