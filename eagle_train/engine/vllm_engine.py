@@ -27,9 +27,11 @@ logger = logging.getLogger(__name__)
 CPU_KV_CACHE_BYTES = 256 * 2**20
 
 
-# Sequences a CPU engine schedules at once when nothing else is asked: on 2 cores the
-# engine's throughput was flat from 8 to 64 (docs/results/2026-12-01-data-speed.md).
-CPU_MAX_NUM_SEQS = 32
+# Sequences a CPU engine schedules at once when nothing else is asked. On 2 cores with bf16
+# units (AMX) throughput still rose from 64 to 128 (758 -> 948 tokens/s; 32 gave 557); on 2
+# cores without them it was flat from 8 to 64 (docs/results/2026-12-01-data-speed.md,
+# 2026-12-03-smollm2-amx.md). The cache is sized to hold them all (preemption_free_size).
+CPU_MAX_NUM_SEQS = 128
 KV_BLOCK_TOKENS = 128  # vLLM's CPU block size; a request holds whole blocks
 _DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 
