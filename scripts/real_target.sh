@@ -42,7 +42,7 @@ if [ -z "${DTYPE:-}" ]; then
     DTYPE=float32
     if grep -qE 'avx512_bf16|amx_bf16' /proc/cpuinfo 2>/dev/null; then DTYPE=bfloat16; fi
 fi
-# The budgets in conversations: a CPU with bf16 units writes, caches and trains about 8x
+# The budgets in conversations: a CPU with bf16 units writes, caches and trains several times
 # faster than one without (docs/results/2026-12-03-smollm2-amx.md), so it gets more data.
 BUDGET=${BUDGET:-default}
 case $BUDGET:$DTYPE in
