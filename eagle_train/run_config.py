@@ -181,6 +181,19 @@ class RunConfig(StrictModel):
                 )
         return draft
 
+    @model_validator(mode="after")
+    def _sampling_is_used(self) -> RunConfig:
+        """train.acceptance.temperature > 0 samples in the probe (train.acceptance.every) and
+        in validation's sim_accept_len_sampled (data.val); with neither it changes nothing."""
+        acceptance = self.train.acceptance
+        if acceptance.temperature > 0 and acceptance.every is None and self.data.val is None:
+            raise ValueError(
+                f"train.acceptance.temperature is {acceptance.temperature:g}, but nothing in "
+                "this run samples: it applies to the probe (train.acceptance.every) and to "
+                "validation's sim_accept_len_sampled (data.val); set one of them or remove it"
+            )
+        return self
+
 
 def resolve_device(name: str) -> torch.device:
     if name == "auto":

@@ -96,7 +96,7 @@ STEPS=$((EPOCHS * PROMPTS / MBS))
 RUN=(-c configs/train/eagle3-smollm2.yaml --set "target.path=$MODEL" --set "target.dtype=$DTYPE"
     --set "data.train=$TRAIN_DATA" --set "data.features=$DATA/features-$PROMPTS"
     --set data.micro_batch_size=$MBS)
-[ -f "$DATA/features-$PROMPTS/meta.json" ] || stage features prepare-features "${RUN[@]}" \
+[ -f "$DATA/features-$PROMPTS/train/manifest.json" ] || stage features prepare-features "${RUN[@]}" \
     --batch-tokens 2048
 stage train train-draft "${RUN[@]}" --set train.max_steps=$STEPS --set train.log_every=20 \
     --set train.save_every=$((STEPS / 4)) --set optim.warmup_steps=$((STEPS / 20 + 1)) \

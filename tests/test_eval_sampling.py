@@ -45,6 +45,17 @@ def test_sampling_settings_are_one_schema_for_eval_and_training() -> None:
     assert probe.temperature == 1.0
 
 
+def test_a_training_temperature_nothing_samples_with_is_refused() -> None:
+    demo = REPO / "configs" / "train" / "eagle3-llama-demo.yaml"
+    hot = ["target.path=t", "data.train=d", "train.acceptance.temperature=0.7"]
+    with pytest.raises(ConfigError, match="temperature is 0.7, but nothing in this run samples"):
+        load_config(RunConfig, demo, [*hot, "data.val=null"])
+    # validation samples (sim_accept_len_sampled), or the probe does: accepted
+    assert load_config(RunConfig, demo, hot).train.acceptance.temperature == 0.7
+    probe = load_config(RunConfig, demo, [*hot, "data.val=null", "train.acceptance.every=5"])
+    assert probe.train.acceptance.temperature == 0.7
+
+
 @pytest.mark.parametrize("key", ["top_p=0.9", "top_k=5", "seed=3"])
 def test_top_p_top_k_and_seed_are_refused_when_greedy(key: str) -> None:
     name = key.split("=")[0]

@@ -13,7 +13,7 @@ import pytest
 import torch
 from conftest import REPO
 from draft_cases import has_field, has_speculators_format
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_file
 from test_export_roundtrip import loss_of, perturbed_draft
 
 from eagle_train.config import ConfigError, load_config
@@ -29,13 +29,17 @@ FIXTURE = REPO / "tests" / "assets" / "speculators" / "eagle3-llama-tiny"
 
 def layouts(algorithm: str) -> list[str]:
     """Every layout vLLM serves for the algorithm: native; speculators where vLLM reads that
-    format for it; SafeAILab's (midlayer.*, d2t/t2d, pytorch_model.bin) for drafts with a
-    vocabulary of their own (vLLM's EAGLE-3 loader)."""
+    format for it; SafeAILab's for drafts with a vocabulary of their own (vLLM's EAGLE-3
+    loader: midlayer.*, d2t/t2d, in pytorch_model.bin or model.safetensors) and for EAGLE-1
+    (vLLM's EAGLE loader: a plain Llama config, layers.0.*, the embedding shipped, in
+    pytorch_model.bin)."""
     spec = get_draft(algorithm)
     found = ["vllm"]
     if has_speculators_format(spec):
         found.append("speculators")
     if spec.uses_draft_vocab:
+        found += ["safeailab", "safeailab-safetensors"]
+    if algorithm == "eagle1":
         found.append("safeailab")
     return found
 
@@ -70,23 +74,31 @@ def vocab_of(size: int, vocab: int, seed: int) -> VocabMapping:
     return VocabMapping(ids.values - torch.arange(size), t2d, torch.zeros(vocab, dtype=torch.long))
 
 
-def to_safeailab(native: Path, out: Path) -> Path:
-    """SafeAILab's layout as vLLM's EAGLE-3 loader reads it, from a native export: the fused
-    layer under ``midlayer.``, ``t2d`` beside ``d2t``, pytorch_model.bin, a Llama config with
-    SafeAILab's architecture name and no head_dim (vLLM derives it)."""
+def to_safeailab(native: Path, out: Path, embed: torch.Tensor | None, safetensors: bool) -> Path:
+    """SafeAILab's layout as vLLM's loaders read it, from a native export, written by hand
+    from those loaders (no installable package writes it): a Llama config with no head_dim
+    (vLLM derives it); for EAGLE-3 the fused layer under ``midlayer.``, ``t2d`` beside ``d2t``
+    and SafeAILab's architecture name; for EAGLE-1 the embedding shipped beside the layer."""
     out.mkdir()
     tensors = load_file(str(native / "model.safetensors"))
-    renamed = {n.replace("layers.0.", "midlayer."): t for n, t in tensors.items()}
-    vd = tensors["lm_head.weight"].shape[0]
-    d2t = tensors.get("d2t", torch.zeros(vd, dtype=torch.long))
-    t2d = torch.zeros(512, dtype=torch.bool)
-    t2d[torch.arange(vd) + d2t] = True
-    renamed["t2d"] = t2d
-    torch.save(renamed, out / "pytorch_model.bin")
     config = json.loads((native / "config.json").read_text())
-    config["architectures"] = ["LlamaForCausalLMEagle3"]
-    for key in ("head_dim", "num_aux_hidden_states"):
-        config.pop(key)
+    if "draft_vocab_size" in config:
+        renamed = {n.replace("layers.0.", "midlayer."): t for n, t in tensors.items()}
+        vd = tensors["lm_head.weight"].shape[0]
+        d2t = tensors.get("d2t", torch.zeros(vd, dtype=torch.long))
+        t2d = torch.zeros(512, dtype=torch.bool)
+        t2d[torch.arange(vd) + d2t] = True
+        renamed["t2d"] = t2d
+        config["architectures"] = ["LlamaForCausalLMEagle3"]
+        config.pop("num_aux_hidden_states")
+    else:  # EAGLE-1
+        assert embed is not None
+        renamed = {**tensors, "embed_tokens.weight": embed.detach().clone()}
+    config.pop("head_dim")
+    if safetensors:
+        save_file(renamed, str(out / "model.safetensors"))
+    else:
+        torch.save(renamed, out / "pytorch_model.bin")
     (out / "config.json").write_text(json.dumps(config))
     return out
 
@@ -111,11 +123,16 @@ def test_export_then_init_from_gives_the_same_loss(
     cfg = run_config(algorithm, llama, *overrides)
     vocab = vocab_of(96, 512, seed=5) if spec.uses_draft_vocab else None
     trained = perturbed_draft(spec, cfg.draft, llama, 0, vocab)
+    shipped_embed = layout == "safeailab" and not spec.uses_draft_vocab  # EAGLE-1
+    if shipped_embed:  # a fine-tuned embedding: the one in the file must be the one used
+        with torch.no_grad():
+            trained.embed_tokens.weight.add_(0.1 * torch.randn_like(trained.embed_tokens.weight))
     fmt = "speculators" if layout == "speculators" else "vllm"
     out = export_state(trained.state_dict(), cfg, tmp_path / "drafter", {"step": 0}, fmt=fmt)
     (out / "eagle_train.json").unlink()  # a drafter from elsewhere: config.json alone
-    if layout == "safeailab":
-        out = to_safeailab(out, tmp_path / "safeailab")
+    if layout.startswith("safeailab"):
+        embed = trained.embed_tokens.weight if shipped_embed else None
+        out = to_safeailab(out, tmp_path / "safeailab", embed, layout.endswith("safetensors"))
 
     warm = cfg.draft.model_copy(update={"init_from": out})
     kept = initial_vocab(warm, spec, 512)
