@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import torch
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from eagle_train.config import StrictModel, refuse_moved_key
 from eagle_train.drafts.registry import DRAFTS, DraftConfig
@@ -181,18 +181,19 @@ class RunConfig(StrictModel):
                 )
         return draft
 
-    @model_validator(mode="after")
-    def _sampling_is_used(self) -> RunConfig:
+    @field_validator("train")
+    @classmethod
+    def _sampling_is_used(cls, train: TrainSection, info: ValidationInfo) -> TrainSection:
         """train.acceptance.temperature > 0 samples in the probe (train.acceptance.every) and
         in validation's sim_accept_len_sampled (data.val); with neither it changes nothing."""
-        acceptance = self.train.acceptance
-        if acceptance.temperature > 0 and acceptance.every is None and self.data.val is None:
+        acceptance, data = train.acceptance, info.data.get("data")
+        if acceptance.temperature > 0 and acceptance.every is None and data and not data.val:
             raise ValueError(
-                f"train.acceptance.temperature is {acceptance.temperature:g}, but nothing in "
-                "this run samples: it applies to the probe (train.acceptance.every) and to "
+                f"acceptance.temperature is {acceptance.temperature:g}, but nothing in this "
+                "run samples: it applies to the probe (train.acceptance.every) and to "
                 "validation's sim_accept_len_sampled (data.val); set one of them or remove it"
             )
-        return self
+        return train
 
 
 def resolve_device(name: str) -> torch.device:
