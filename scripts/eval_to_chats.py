@@ -6,8 +6,9 @@ Usage:
   python scripts/eval_to_chats.py EVAL_DIR QUESTIONS TOKENIZER OUT.jsonl
 
 EVAL_DIR holds ``per_prompt.jsonl`` (its ``target`` records: interleave=false or a run with
-the target alone), QUESTIONS the MT-Bench-style JSONL the run read (``question_id``,
-``category``, ``turns``). A question with a turn the run did not answer is left out.
+the target alone), QUESTIONS the prompts the run read (``mt_bench`` or a JSONL file, parsed by
+eval-acceptance's own ``load_prompts``, so ids and a system message are the served ones). A
+question's turns stop at the first one the run did not answer.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from pathlib import Path
 
 from transformers import AutoTokenizer
 
+from eagle_train.evaluate.prompts import PromptError, load_prompts
 from eagle_train.fsutil import atomic_write_bytes
 
 
@@ -30,10 +32,14 @@ def main() -> int:
         return 2
     eval_dir, questions, tokenizer, out = (Path(a) for a in sys.argv[1:])
     records = eval_dir / "per_prompt.jsonl"
-    for path in (records, questions):
-        if not path.is_file():
-            print(f"{path}: expected a file", file=sys.stderr)
-            return 2
+    if not records.is_file():
+        print(f"{records}: expected an eval-acceptance run's records", file=sys.stderr)
+        return 2
+    try:
+        prompts = load_prompts(questions)
+    except PromptError as exc:
+        print(exc, file=sys.stderr)
+        return 2
     tok = AutoTokenizer.from_pretrained(str(tokenizer))
     answers = {}
     for line in records.read_text().splitlines():
@@ -41,20 +47,20 @@ def main() -> int:
         if r["model"] == "target":
             answers[(str(r["id"]), r["turn"])] = tok.decode(r["output"])
     rows = []
-    for line in questions.read_text().splitlines():
-        q = json.loads(line)
-        qid, messages = str(q["question_id"]), []
-        for turn, text in enumerate(q["turns"], start=1):
-            if (qid, turn) not in answers:
+    for prompt in prompts:
+        messages = [{"role": "system", "content": prompt.system}] if prompt.system else []
+        for turn, text in enumerate(prompt.turns, start=1):
+            if (prompt.id, turn) not in answers:
                 break
             messages += [
                 {"role": "user", "content": text},
-                {"role": "assistant", "content": answers[(qid, turn)]},
+                {"role": "assistant", "content": answers[(prompt.id, turn)]},
             ]
-        if messages:
-            rows.append({"id": qid, "category": q.get("category"), "messages": messages})
+        if any(m["role"] == "assistant" for m in messages):
+            rows.append({"id": prompt.id, "category": prompt.category, "messages": messages})
     atomic_write_bytes(out, "".join(json.dumps(r) + "\n" for r in rows).encode())
-    print(f"{out}: {len(rows)} chats, {sum(len(r['messages']) // 2 for r in rows)} answers")
+    answered = sum(m["role"] == "assistant" for r in rows for m in r["messages"])
+    print(f"{out}: {len(rows)} chats, {answered} answers")
     return 0
 
 
