@@ -115,6 +115,15 @@ def validate_config(
         raise ConfigError(format_validation_error(exc, source, lines, overridden, data)) from None
 
 
+class SettingError(ValueError):
+    """A validator's error about one key below the field it checks (``key`` relative to it):
+    reported at that key, its line and its --set, not at the whole section."""
+
+    def __init__(self, key: tuple[str, ...], message: str) -> None:
+        super().__init__(message)
+        self.key = key
+
+
 def refuse_moved_key(data: Any, key: str, message: str) -> Any:
     """For a ``mode="before"`` validator: ``data`` as it is, or ``ValueError(message)`` when
     it holds ``key``, a setting that moved elsewhere."""
@@ -160,6 +169,10 @@ def format_validation_error(
     messages = []
     for err in exc.errors():
         loc = _strip_union_tags(tuple(str(p) for p in err["loc"]), data, err["type"] == "missing")
+        cause = err.get("ctx", {}).get("error")
+        if isinstance(cause, SettingError):
+            loc += cause.key
+            err = {**err, "msg": str(cause), "input": _value_at(data, loc)}
         key = ".".join(loc) or "<root>"
         line = _nearest_line(loc, lines)
         where = f"{source}:{line}" if line else source
@@ -196,6 +209,12 @@ def _strip_union_tags(loc: tuple[str, ...], data: Any, missing: bool = False) ->
         else:
             node = None
     return tuple(out)
+
+
+def _value_at(data: Any, loc: tuple[str, ...]) -> Any:
+    for part in loc:
+        data = data.get(part) if isinstance(data, dict) else None
+    return data
 
 
 def _nearest_line(loc: tuple[str, ...], lines: dict[tuple[str, ...], int]) -> int | None:

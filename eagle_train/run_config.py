@@ -8,7 +8,7 @@ from typing import Any, Literal
 import torch
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
-from eagle_train.config import StrictModel, refuse_moved_key
+from eagle_train.config import SettingError, StrictModel, refuse_moved_key
 from eagle_train.drafts.registry import DRAFTS, DraftConfig
 from eagle_train.evaluate.settings import TrainAcceptance
 from eagle_train.optim import OptimConfig
@@ -188,10 +188,10 @@ class RunConfig(StrictModel):
         in validation's sim_accept_len_sampled (data.val); with neither it changes nothing."""
         acceptance, data = train.acceptance, info.data.get("data")
         if acceptance.temperature > 0 and acceptance.every is None and data and not data.val:
-            raise ValueError(
-                f"acceptance.temperature is {acceptance.temperature:g}, but nothing in this "
-                "run samples: it applies to the probe (train.acceptance.every) and to "
-                "validation's sim_accept_len_sampled (data.val); set one of them or remove it"
+            raise SettingError(
+                ("acceptance", "temperature"),
+                "nothing in this run samples with it: it applies to the probe (train.acceptance.every) and to "
+                "validation's sim_accept_len_sampled (data.val); set one of them or remove it",
             )
         return train
 

@@ -45,11 +45,25 @@ def test_sampling_settings_are_one_schema_for_eval_and_training() -> None:
     assert probe.temperature == 1.0
 
 
-def test_a_training_temperature_nothing_samples_with_is_refused() -> None:
+def test_a_training_temperature_nothing_samples_with_is_refused(tmp_path: Path) -> None:
     demo = REPO / "configs" / "train" / "eagle3-llama-demo.yaml"
+    written = tmp_path / "hot.yaml"
+    written.write_text(
+        "target: {path: t}\ndata: {train: d, val: null}\ndraft: {algorithm: eagle3}\n"
+        "train:\n  output_dir: o\n  acceptance:\n    temperature: 0.7\n"
+    )
+    with pytest.raises(ConfigError, match=f"{written}:7: key 'train.acceptance.temperature'"):
+        load_config(RunConfig, written, [])
     hot = ["target.path=t", "data.train=d", "train.acceptance.temperature=0.7"]
-    with pytest.raises(ConfigError, match="temperature is 0.7, but nothing in this run samples"):
-        load_config(RunConfig, demo, [*hot, "data.val=null"])
+    # reported at the key and its --set, not at the last train.* --set or the whole section
+    with pytest.raises(ConfigError) as refused:
+        load_config(RunConfig, demo, [*hot, "data.val=null", "train.max_steps=3"])
+    assert str(refused.value).splitlines()[1].strip() == (
+        "--set 'train.acceptance.temperature=0.7': key 'train.acceptance.temperature': "
+        "nothing in this run samples with it: it applies to the probe (train.acceptance.every) "
+        "and to validation's sim_accept_len_sampled (data.val); set one of them or remove it "
+        "(got 0.7)"
+    )
     # validation samples (sim_accept_len_sampled), or the probe does: accepted
     assert load_config(RunConfig, demo, hot).train.acceptance.temperature == 0.7
     probe = load_config(RunConfig, demo, [*hot, "data.val=null", "train.acceptance.every=5"])
