@@ -55,7 +55,10 @@ class DataSection(StrictModel):
     @model_validator(mode="after")
     def _budget_needs_packing(self) -> DataSection:
         if self.max_tokens_per_batch is not None and not self.packing:
-            raise ValueError("data.max_tokens_per_batch is set but data.packing is false")
+            raise SettingError(
+                ("max_tokens_per_batch",),
+                "a packing budget, but data.packing is false: set data.packing: true or remove it",
+            )
         return self
 
     @property
@@ -175,9 +178,10 @@ class RunConfig(StrictModel):
         if isinstance(draft, dict) and "draft_vocab_size" in draft:
             name = draft.get("algorithm")
             if name in DRAFTS and not DRAFTS[name].uses_draft_vocab:
-                raise ValueError(
-                    f"draft.draft_vocab_size is set, but the {name} draft has no draft "
-                    "vocabulary (it predicts over the target's whole vocabulary): remove the key"
+                raise SettingError(
+                    ("draft_vocab_size",),
+                    f"the {name} draft has no draft vocabulary (it predicts over the target's "
+                    "whole vocabulary): remove the key",
                 )
         return draft
 

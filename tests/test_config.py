@@ -138,20 +138,44 @@ def test_draft_union_errors_name_the_key_without_the_algorithm_tag(tmp_path: Pat
     assert "--set 'draft.bogus=1': unknown key 'draft.bogus'" in str(err.value)
 
 
-def test_a_draft_sections_own_check_names_the_section_not_the_tag(tmp_path: Path) -> None:
-    """A draft config's model validator fails at ``draft.<algorithm>`` in pydantic's
-    location: the message names ``draft`` (the key the user wrote), at its line in the file
-    or on the --set that broke it (it once read ``key 'draft.peagle'``, at the file)."""
+def test_a_check_across_keys_names_the_key_it_is_about(tmp_path: Path) -> None:
+    """A validator that compares two keys reports the one it refuses, at its line in the file
+    or on the --set that made it: not at the section (it once read ``key 'draft.peagle'``, then
+    ``key 'draft'``), nor at another --set of the same section."""
     text = (REPO / "configs" / "train" / "peagle-llama-demo.yaml").read_text()
-    line = text.splitlines().index("draft:") + 1
+    line = text.splitlines().index("  min_keep_ratio: 0.2") + 1
     bad = write(tmp_path, text.replace("min_keep_ratio: 0.2", "min_keep_ratio: 0.9"))
     with pytest.raises(ConfigError) as err:
         load_config(RunConfig, bad)
-    assert f"{bad}:{line}: key 'draft': Value error, draft.min_keep_ratio 0.9" in str(err.value)
+    assert f"{bad}:{line}: key 'draft.min_keep_ratio': must not exceed draft.keep_ratio" in str(
+        err.value
+    )
     good = write(tmp_path, text)
     with pytest.raises(ConfigError) as err:
-        load_config(RunConfig, good, ["draft.min_keep_ratio=0.9"])
-    assert "--set 'draft.min_keep_ratio=0.9': key 'draft': Value error" in str(err.value)
+        load_config(RunConfig, good, ["draft.min_keep_ratio=0.9", "draft.parallel_steps=2"])
+    assert "--set 'draft.min_keep_ratio=0.9': key 'draft.min_keep_ratio': must not" in str(
+        err.value
+    )
+    demo = REPO / "configs" / "train" / "eagle3-llama-demo.yaml"
+    sets = ["target.path=t", "data.train=d", "data.max_tokens_per_batch=512", "data.seed=1"]
+    with pytest.raises(ConfigError) as err:
+        load_config(RunConfig, demo, sets)
+    assert "--set 'data.max_tokens_per_batch=512': key 'data.max_tokens_per_batch': " in str(
+        err.value
+    )
+    with pytest.raises(ConfigError) as err:  # from the file, when the --set changed another key
+        load_config(RunConfig, demo, ["target.path=t", "data.train=d", "draft.algorithm=eagle1"])
+    vocab_line = (
+        demo.read_text()
+        .splitlines()
+        .index(
+            "  draft_vocab_size: 1024   # the 1024 most frequent trained tokens (of the target's 2048)"
+        )
+        + 1
+    )
+    assert f"{demo}:{vocab_line}: key 'draft.draft_vocab_size': the eagle1 draft has no" in str(
+        err.value
+    )
 
 
 def test_an_unknown_section_made_by_a_set_is_blamed_on_the_set(tmp_path: Path) -> None:

@@ -6,7 +6,7 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
-from eagle_train.config import refuse_moved_key
+from eagle_train.config import SettingError, refuse_moved_key
 from eagle_train.drafts.draft_config import DraftConfigBase, FusionNorms, refuse_layer_style
 
 # vLLM reads norm_output only to pick the hidden it hands the next draft step
@@ -63,8 +63,7 @@ class PEagleConfig(DraftConfigBase, FusionNorms):
     @model_validator(mode="after")
     def _ratios(self) -> PEagleConfig:
         if self.min_keep_ratio > self.keep_ratio:
-            raise ValueError(
-                f"draft.min_keep_ratio {self.min_keep_ratio} must not exceed "
-                f"draft.keep_ratio {self.keep_ratio}"
+            raise SettingError(
+                ("min_keep_ratio",), f"must not exceed draft.keep_ratio ({self.keep_ratio})"
             )
         return self
