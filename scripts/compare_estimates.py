@@ -22,18 +22,20 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from eagle_train.checkpoint import load_draft_checkpoint
 from eagle_train.data.loader import Batch, PreparedData
+from eagle_train.data.vocab import VocabMapping
 from eagle_train.drafts.cycles import finish_cycle_metrics, turn_spans
 from eagle_train.drafts.registry import get_draft
 from eagle_train.evaluate.offline import chain_lengths, replay_positions
 from eagle_train.fsutil import atomic_write_bytes
-from eagle_train.target import FrozenTarget
-from eagle_train.train_setup import draft_vocab
+from eagle_train.target import FrozenTarget, TargetFeatures
 
 
 def slot_counts(proposals: torch.Tensor, ids: torch.Tensor, mask: torch.Tensor) -> dict:
@@ -106,18 +108,51 @@ def pool(rows: list[dict], key: str) -> dict:
     return out
 
 
-@torch.no_grad()
-def run(args: argparse.Namespace) -> dict:
-    saved, state, step = load_draft_checkpoint(args.checkpoint)
+@dataclass
+class TrainedDraft:
+    """A checkpoint's draft, built and loaded beside its target, for offline replays."""
+
+    spec: Any
+    cfg: Any
+    target: FrozenTarget
+    draft: torch.nn.Module
+    layer_ids: list[int]
+    step: int
+
+    def propose(self, features: TargetFeatures, ids: torch.Tensor, steps: int) -> torch.Tensor:
+        """(T, steps) chained proposals at every slot of one row (target ids)."""
+        return self.spec.propose(self.draft, features, ids, self.cfg, steps)[0].cpu()
+
+
+def load_trained_draft(checkpoint: Path, target: Path | None, dtype: str) -> TrainedDraft:
+    """The draft of ``checkpoint`` with its target (``target`` overrides the saved path). The
+    draft vocabulary is the checkpoint's own (``d2t``/``t2d``), so a run on a mixture loads."""
+    saved, state, step = load_draft_checkpoint(checkpoint)
     spec, cfg = get_draft(saved.draft.algorithm), saved.draft
-    dtype = getattr(torch, args.dtype)
-    target = FrozenTarget.from_pretrained(args.target or saved.target.path, dtype=dtype)
-    vocab = draft_vocab(saved, PreparedData(saved.data.train), target.description.vocab_size)
-    draft = spec.build(cfg, target, vocab)
+    frozen = FrozenTarget.from_pretrained(target or saved.target.path, dtype=getattr(torch, dtype))
+    vocab = None
+    if "d2t" in state and getattr(cfg, "draft_vocab_size", None) is not None:
+        counts = torch.zeros(frozen.description.vocab_size, dtype=torch.long)
+        vocab = VocabMapping(d2t=state["d2t"], t2d=state["t2d"], counts=counts)
+    draft = spec.build(cfg, frozen, vocab)
     draft.load_state_dict(state)
     draft.eval()
+    layer_ids = spec.target_layer_ids(cfg, frozen.description)
+    return TrainedDraft(spec, cfg, frozen, draft, layer_ids, step)
+
+
+@torch.no_grad()
+def run(args: argparse.Namespace) -> dict:
+    loaded = load_trained_draft(args.checkpoint, args.target, args.dtype)
+    spec, cfg, target, draft, step = (
+        loaded.spec,
+        loaded.cfg,
+        loaded.target,
+        loaded.draft,
+        loaded.step,
+    )
     k_max = cfg.ttt_steps
-    layer_ids = spec.target_layer_ids(cfg, target.description)
+    layer_ids = loaded.layer_ids
     data = PreparedData(args.data)
     rows, trainer_sums = [], {}
     for i in range(min(args.rows, len(data))):
@@ -125,7 +160,7 @@ def run(args: argparse.Namespace) -> dict:
         ids = torch.tensor([record["input_ids"]])
         mask = torch.tensor([record["loss_mask"]])
         features = target.features(ids, None, layer_ids)
-        proposals = spec.propose(draft, features, ids, cfg, k_max)[0].cpu()
+        proposals = loaded.propose(features, ids, k_max)
         chains = chain_lengths(proposals, ids[0])
         row = {
             "row": i,
