@@ -67,14 +67,14 @@ def run(args: argparse.Namespace) -> dict:
     loaded = load_trained_draft(args.checkpoint, args.target, args.dtype)
     data = PreparedData(args.data)
     rows = min(args.rows, len(data))
-    copy: dict[str, int] = {}
+    copy = copy_rule_counts([], [], [])  # zeros
     ablation = {name: [0, 0] for name in ["none", *map(str, loaded.layer_ids)]}
     for i in range(rows):
         record = data.rows[i]
         ids = torch.tensor([record["input_ids"]])
         first, features = first_proposals(loaded, ids)
         counts = copy_rule_counts(record["input_ids"], record["loss_mask"], first.tolist())
-        copy = {k: copy.get(k, 0) + v for k, v in counts.items()}
+        copy = {k: copy[k] + v for k, v in counts.items()}
         width = features.aux.shape[-1] // len(loaded.layer_ids)
         supervised = torch.tensor(record["loss_mask"][2:]).bool()
         for j, name in enumerate(ablation):
