@@ -115,9 +115,10 @@ def validate_config(
         raise ConfigError(format_validation_error(exc, source, lines, overridden, data)) from None
 
 
-class SettingError(ValueError):
+class SettingError(UserError, ValueError):
     """A validator's error about one key below the field it checks (``key`` relative to it):
-    reported at that key, its line and its --set, not at the whole section."""
+    reported at that key, its line and its --set, not at the whole section. A ValueError, so
+    pydantic reports it as a validation error of that field."""
 
     def __init__(self, key: tuple[str, ...], message: str) -> None:
         super().__init__(message)

@@ -62,7 +62,9 @@ def test_a_draft_without_a_draft_vocabulary_refuses_the_knob(algorithm: str) -> 
     path = REPO / "configs" / "train" / f"{algorithm}-llama-demo.yaml"
     sets = ["target.path=t", "data.train=d", "draft.draft_vocab_size=64"]
     with pytest.raises(
-        ConfigError, match=f"draft.draft_vocab_size is set, but the {algorithm} draft has no"
+        ConfigError,
+        match=f"--set 'draft.draft_vocab_size=64': key 'draft.draft_vocab_size': the {algorithm} "
+        "draft has no",
     ):
         load_config(RunConfig, path, sets)
     for draft in ("eagle3", "peagle"):
