@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -205,14 +206,24 @@ def table(report: dict) -> str:
     return "\n".join(lines)
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def checkpoint_parser(doc: str, rows: int, dtype: str) -> argparse.ArgumentParser:
+    """The arguments of the scripts that replay one checkpoint on a prepared dataset."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
     parser.add_argument("checkpoint", type=Path)
     parser.add_argument("data", type=Path)
-    parser.add_argument("--rows", type=int, default=40)
+    parser.add_argument("--rows", type=int, default=rows)
     parser.add_argument("--target", type=Path, default=None)
-    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    parser.add_argument("--dtype", default=dtype, choices=["float32", "bfloat16"])
     parser.add_argument("--out", type=Path, required=True)
+    return parser
+
+
+def run_script(
+    parser: argparse.ArgumentParser,
+    run: Callable[[argparse.Namespace], dict],
+    table: Callable[[dict], str],
+) -> int:
+    """Parse, refuse a missing input (exit code 2), run, print the table, write the JSON."""
     args = parser.parse_args()
     for path in (args.checkpoint, args.data):
         if not path.exists():
@@ -224,6 +235,10 @@ def main() -> int:
     atomic_write_bytes(args.out, (json.dumps(report, indent=1) + "\n").encode())
     print(f"wrote {args.out}")
     return 0
+
+
+def main() -> int:
+    return run_script(checkpoint_parser(__doc__ or "", rows=40, dtype="float32"), run, table)
 
 
 if __name__ == "__main__":

@@ -18,16 +18,12 @@ Usage:
 from __future__ import annotations
 
 import argparse
-import json
-import sys
 from dataclasses import replace
-from pathlib import Path
 
 import torch
-from compare_estimates import TrainedDraft, load_trained_draft
+from compare_estimates import TrainedDraft, checkpoint_parser, load_trained_draft, run_script
 
 from eagle_train.data.loader import PreparedData
-from eagle_train.fsutil import atomic_write_bytes
 
 
 def copy_rule_counts(ids: list[int], mask: list[int], first: list[int]) -> dict[str, int]:
@@ -137,25 +133,10 @@ def table(report: dict) -> str:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("checkpoint", type=Path)
-    parser.add_argument("data", type=Path)
-    parser.add_argument("--rows", type=int, default=80)
+    parser = checkpoint_parser(__doc__ or "", rows=80, dtype="bfloat16")
     parser.add_argument("--spans", type=int, default=10)
     parser.add_argument("--span-length", type=int, default=40)
-    parser.add_argument("--target", type=Path, default=None)
-    parser.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"])
-    parser.add_argument("--out", type=Path, required=True)
-    args = parser.parse_args()
-    for path in (args.checkpoint, args.data):
-        if not path.exists():
-            print(f"{path}: does not exist", file=sys.stderr)
-            return 2
-    report = run(args)
-    print(table(report))
-    atomic_write_bytes(args.out, (json.dumps(report, indent=1) + "\n").encode())
-    print(f"wrote {args.out}")
-    return 0
+    return run_script(parser, run, table)
 
 
 if __name__ == "__main__":
