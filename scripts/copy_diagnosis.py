@@ -24,6 +24,8 @@ import torch
 from compare_estimates import TrainedDraft, checkpoint_parser, load_trained_draft, run_script
 
 from eagle_train.data.loader import PreparedData
+from eagle_train.drafts.eagle_family import draft_ids
+from eagle_train.target import TargetFeatures
 
 
 def copy_rule_counts(ids: list[int], mask: list[int], first: list[int]) -> dict[str, int]:
@@ -49,13 +51,9 @@ def copy_rule_counts(ids: list[int], mask: list[int], first: list[int]) -> dict[
     return out
 
 
-def first_proposals(loaded: TrainedDraft, ids: torch.Tensor, aux: torch.Tensor | None = None):
-    """(T,) the drafter's first proposal at every slot of one row, optionally on other aux
-    features than the target's."""
-    features = loaded.target.features(ids, None, loaded.layer_ids)
-    if aux is not None:
-        features = replace(features, aux=aux)
-    return loaded.propose(features, ids, 1)[:, 0], features
+def first_proposals(loaded: TrainedDraft, features: TargetFeatures, ids: torch.Tensor):
+    """(T,) the drafter's first proposal at every slot of one row."""
+    return loaded.propose(features, ids, 1)[:, 0]
 
 
 @torch.no_grad()
@@ -68,7 +66,8 @@ def run(args: argparse.Namespace) -> dict:
     for i in range(rows):
         record = data.rows[i]
         ids = torch.tensor([record["input_ids"]])
-        first, features = first_proposals(loaded, ids)
+        features = loaded.target.features(ids, None, loaded.layer_ids)
+        first = first_proposals(loaded, features, ids)
         counts = copy_rule_counts(record["input_ids"], record["loss_mask"], first.tolist())
         copy = {k: copy[k] + v for k, v in counts.items()}
         width = features.aux.shape[-1] // len(loaded.layer_ids)
@@ -78,7 +77,7 @@ def run(args: argparse.Namespace) -> dict:
             if j:
                 aux = features.aux.clone()
                 aux[..., (j - 1) * width : j * width] = 0
-                proposal = first_proposals(loaded, ids, aux)[0]
+                proposal = first_proposals(loaded, replace(features, aux=aux), ids)
             ablation[name][0] += int(((proposal[:-2] == ids[0, 2:]) & supervised).sum())
             ablation[name][1] += int(supervised.sum())
     return {
@@ -95,14 +94,16 @@ def run(args: argparse.Namespace) -> dict:
 def repeated_spans(loaded: TrainedDraft, count: int, length: int) -> dict[str, float]:
     """Random spans of draft-vocabulary tokens, each written three times: accuracy on the
     second and third copies, the target's next token against the drafter's first proposal."""
-    d2t = getattr(loaded.draft, "d2t", None)
-    vocab = loaded.target.description.vocab_size
-    pool = d2t + torch.arange(len(d2t)) if d2t is not None else torch.arange(vocab)
+    if hasattr(loaded.draft, "d2t"):
+        pool = draft_ids(loaded.draft)
+    else:
+        pool = torch.arange(loaded.target.description.vocab_size)
     gen = torch.Generator().manual_seed(0)
     target_right = drafter_right = slots = 0
     for _ in range(count):
         ids = pool[torch.randint(len(pool), (length,), generator=gen)].repeat(3)[None]
-        first, features = first_proposals(loaded, ids)
+        features = loaded.target.features(ids, None, loaded.layer_ids)
+        first = first_proposals(loaded, features, ids)
         target_next = features.logits[0].argmax(-1).cpu()  # at slot t+1: token t+2
         for t in range(length, ids.shape[1] - 2):
             target_right += int(target_next[t + 1] == ids[0, t + 2])
