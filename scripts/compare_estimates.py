@@ -145,22 +145,14 @@ def load_trained_draft(checkpoint: Path, target: Path | None, dtype: str) -> Tra
 @torch.no_grad()
 def run(args: argparse.Namespace) -> dict:
     loaded = load_trained_draft(args.checkpoint, args.target, args.dtype)
-    spec, cfg, target, draft, step = (
-        loaded.spec,
-        loaded.cfg,
-        loaded.target,
-        loaded.draft,
-        loaded.step,
-    )
-    k_max = cfg.ttt_steps
-    layer_ids = loaded.layer_ids
+    k_max = loaded.cfg.ttt_steps
     data = PreparedData(args.data)
     rows, trainer_sums = [], {}
     for i in range(min(args.rows, len(data))):
         record = data.rows[i]
         ids = torch.tensor([record["input_ids"]])
         mask = torch.tensor([record["loss_mask"]])
-        features = target.features(ids, None, layer_ids)
+        features = loaded.target.features(ids, None, loaded.layer_ids)
         proposals = loaded.propose(features, ids, k_max)
         chains = chain_lengths(proposals, ids[0])
         row = {
@@ -170,7 +162,7 @@ def run(args: argparse.Namespace) -> dict:
             "cycle": cycle_replay(chains, mask[0], k_max),
         }
         batch = Batch(ids, mask, torch.ones_like(ids), torch.tensor([ids.shape[1]]))
-        result = spec.compute_loss(draft, features, batch, cfg)
+        result = loaded.spec.compute_loss(loaded.draft, features, batch, loaded.cfg)
         trainer = finish_cycle_metrics(dict(result.metrics))
         row["trainer"] = {k: trainer[k] for k in ("sim_accept_len", "cycle_accept_len")}
         for k, v in result.metrics.items():  # pooled as validation pools: slot-weighted
@@ -183,7 +175,7 @@ def run(args: argparse.Namespace) -> dict:
     pooled = figures(pool(rows, "slot"), pool(rows, "cycle"))
     pooled["trainer"] = pooled_trainer
     pooled["off_greedy"] = pool(rows, "off_greedy")
-    return {"checkpoint": str(args.checkpoint), "step": step, "data": str(args.data),
+    return {"checkpoint": str(args.checkpoint), "step": loaded.step, "data": str(args.data),
             "rows": rows, "pooled": pooled}  # fmt: skip
 
 
