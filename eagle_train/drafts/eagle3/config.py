@@ -35,6 +35,11 @@ class Eagle3Config(DraftConfigBase, FusionNorms):
     # (the draft can never propose that token there; SafeAILab's and SpecForge's EAGLE-3 do
     # this). Metrics still count them. Default chosen by measurement: see README.md.
     drop_out_of_vocab: bool = False
+    # Copy supervision (drafts/eagle3/copy_loss.py): this weight times the cross-entropy of
+    # the first layer's last attention head, at TTT step 0, toward the earlier keys where the
+    # text went on as it is about to go on now (an induction head, what n-gram proposers do).
+    # 0 turns it off. The served weights and their layout do not change.
+    copy_supervision: float = Field(default=0.0, ge=0)
     # Copy of the target embedding, frozen by default (exported only when trained).
     train_embedding: bool = False
     # Training-time-test attention kernel: chunked (exact fp32 reference), fused (CPU: torch's

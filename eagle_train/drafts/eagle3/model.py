@@ -33,6 +33,9 @@ from eagle_train.target import TargetDescription
 @dataclass
 class DraftOutput:
     logits: list[Tensor]  # per TTT step: (B, T, Vd) at slot t, predicting x_{t+2+step}
+    # The last query head's step-0 query and key (B, T, D), rotary applied: what copy
+    # supervision trains (drafts/eagle3/copy_loss.py). None unless asked for.
+    copy_qk: tuple[Tensor, Tensor] | None = None
 
 
 class Eagle3Draft(FusedInput):
@@ -52,7 +55,14 @@ class Eagle3Draft(FusedInput):
         self.register_buffer("t2d", torch.ones(s.vocab_size, dtype=torch.bool))
         self.rotary = rotary_embedding(target)  # the target's RoPE, scaling included
 
-    def step(self, hidden: Tensor, tokens: Tensor, positions: Tensor, kv: list[LayerKV]) -> Tensor:
+    def step(
+        self,
+        hidden: Tensor,
+        tokens: Tensor,
+        positions: Tensor,
+        kv: list[LayerKV],
+        probe: list[tuple[Tensor, Tensor]] | None = None,
+    ) -> Tensor:
         """One TTT step. ``hidden`` (B,T,H) is fuse(aux) at step 0, else the previous step's
         output (pre- or post-norm, per ``norm_output``); ``tokens`` (B,T) the next
         ground-truth token of each slot. Each layer's keys are appended to its ``kv`` list.
@@ -63,6 +73,8 @@ class Eagle3Draft(FusedInput):
         )
         rope = self.rotary(x, positions)
         q, k, v = layer.self_attn.project(x, rope)
+        if probe is not None:
+            probe.append((q[:, -1], k[:, -1]))
         cache = kv[0]
         if not cache:  # step 0: plain causal attention over the real context
             attn = F.scaled_dot_product_attention(q, k, v, is_causal=True)
@@ -78,21 +90,25 @@ class Eagle3Draft(FusedInput):
             h = later(h, rope, None, later_kv)
         return h
 
-    def forward(self, aux: Tensor, input_ids: Tensor, num_steps: int) -> DraftOutput:
+    def forward(
+        self, aux: Tensor, input_ids: Tensor, num_steps: int, copy_qk: bool = False
+    ) -> DraftOutput:
         """``aux`` (B,T,n*TH) target features at slot t; ``input_ids`` (B,T) the sequence x.
 
         Step k at slot t takes token x_{t+1+k} at RoPE position t+k. Tokens past the end
-        are padded with the last id; their slots are masked out by the loss.
+        are padded with the last id; their slots are masked out by the loss. ``copy_qk``:
+        also return the last head's step-0 query and key.
         """
         b, t = input_ids.shape
         hidden = self.fuse(aux)
         base = torch.arange(t, device=input_ids.device).expand(b, t)
         kv: list[LayerKV] = [[] for _ in self.layers]
-        logits = []
+        logits: list[Tensor] = []
+        probe: list[tuple[Tensor, Tensor]] = []
         for k in range(num_steps):
             tokens = shift_left(input_ids, 1 + k)
-            out = self.step(hidden, tokens, base + k, kv)
+            out = self.step(hidden, tokens, base + k, kv, probe if copy_qk and k == 0 else None)
             normed = self.norm(out)
             logits.append(self.lm_head(normed))
             hidden = normed if self.norm_output else out
-        return DraftOutput(logits=logits)
+        return DraftOutput(logits=logits, copy_qk=probe[0] if probe else None)

@@ -13,6 +13,7 @@ from eagle_train.drafts.base import StepResult, VllmDrafter
 from eagle_train.drafts.cycles import cycle_metrics
 from eagle_train.drafts.eagle3 import export
 from eagle_train.drafts.eagle3.config import Eagle3Config
+from eagle_train.drafts.eagle3.copy_loss import copy_attention_loss
 from eagle_train.drafts.eagle3.loss import accuracy_metrics, eagle3_loss
 from eagle_train.drafts.eagle3.model import Eagle3Draft
 from eagle_train.drafts.eagle_family import (
@@ -72,7 +73,8 @@ class Eagle3Spec:
         self, draft: nn.Module, features: TargetFeatures, batch: Batch, cfg: Eagle3Config
     ) -> StepResult:
         module = getattr(draft, "module", draft)  # DDP-wrapped or not
-        out = draft(features.aux.to(module.fc.weight.dtype), batch.input_ids, cfg.ttt_steps)
+        copy = cfg.copy_supervision > 0
+        out = draft(features.aux.to(module.fc.weight.dtype), batch.input_ids, cfg.ttt_steps, copy)
         stats = eagle3_loss(
             out.logits,
             features.logits,
@@ -86,7 +88,14 @@ class Eagle3Spec:
         metrics.update(cycle_metrics(stats.correct, stats.valid, batch.loss_mask, batch.lengths))
         for k, value in enumerate(stats.step_losses):
             metrics[f"loss_{k}"] = value
-        return StepResult(loss=stats.loss, metrics=metrics, weight=int(stats.valid[0].sum()))
+        loss = stats.loss
+        if out.copy_qk is not None:
+            copied = copy_attention_loss(
+                *out.copy_qk, batch.input_ids, batch.loss_mask, batch.lengths
+            )
+            loss = loss + cfg.copy_supervision * copied.loss
+            metrics.update(copy_loss=copied.loss.item(), copy_attention=copied.mass)
+        return StepResult(loss=loss, metrics=metrics, weight=int(stats.valid[0].sum()))
 
     @torch.no_grad()
     def propose(
