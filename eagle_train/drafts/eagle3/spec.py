@@ -90,8 +90,9 @@ class Eagle3Spec:
             metrics[f"loss_{k}"] = value
         loss = stats.loss
         if out.copy_qk is not None:
+            query, key = out.copy_qk
             copied = copy_attention_loss(
-                *out.copy_qk, batch.input_ids, batch.loss_mask, batch.lengths
+                query, key, batch.input_ids, batch.loss_mask, batch.lengths
             )
             loss = loss + cfg.copy_supervision * copied.loss
             metrics.update(copy_loss=copied.loss.item(), copy_attention=copied.mass)
