@@ -65,7 +65,8 @@ class Eagle3Draft(FusedInput):
     ) -> Tensor:
         """One TTT step. ``hidden`` (B,T,H) is fuse(aux) at step 0, else the previous step's
         output (pre- or post-norm, per ``norm_output``); ``tokens`` (B,T) the next
-        ground-truth token of each slot. Each layer's keys are appended to its ``kv`` list.
+        ground-truth token of each slot. Each layer's keys are appended to its ``kv`` list;
+        ``probe``, when given, receives the first layer's last-head query and key.
         Returns this step's pre-norm output (B,T,H)."""
         layer = self.layers[0]
         x = torch.cat(
