@@ -1,6 +1,7 @@
-"""Copy supervision (draft.copy_supervision): the matches written out by hand, the loss against
-a per-slot loop that recomputes softmax from scratch, the head it reads against the weights,
-and the CLI training a head that then attends where the text repeats."""
+"""Copy supervision (draft.copy_supervision, draft.copy_steps): the matches written out by
+hand, the loss against a per-slot loop that recomputes softmax from scratch (chain keys of
+later TTT steps included), the head it reads against the weights, and the CLI training a head
+that then attends where the text repeats."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import draft_vocab_sets
+from torch import Tensor
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 from typer.testing import CliRunner
 
@@ -26,50 +28,64 @@ REPO = Path(__file__).resolve().parents[1]
 IDS = torch.tensor([[5, 1, 2, 3, 1, 2, 9, 0], [7, 4, 5, 6, 4, 5, 6, 4]])
 LENGTHS = torch.tensor([7, 8])
 MATCHES = {(0, 3, 1), (1, 3, 1), (1, 4, 2), (1, 5, 3)}  # (row, slot t, key j), by hand
+# TTT step 1: slot t reads x_{t+2} and predicts x_{t+3}. Row 0: slot 2 (x_4=1, x_5=2) matches
+# key 1. Row 1: slots 2, 3, 4 match keys 1, 2, 3; slot 5 would predict x_8, past the end.
+MATCHES_STEP1 = {(0, 2, 1), (1, 2, 1), (1, 3, 2), (1, 4, 3)}
 
 
-def test_matches_are_the_earlier_places_the_text_went_on_the_same_way():
-    found = copy_targets(IDS)
-    real = {(b, t, j) for b, t, j in found.nonzero().tolist() if t + 2 < LENGTHS[b]}
-    assert real == MATCHES
+@pytest.mark.parametrize(("step", "expected"), [(0, MATCHES), (1, MATCHES_STEP1)])
+def test_matches_are_the_earlier_places_the_text_went_on_the_same_way(step, expected):
+    found = copy_targets(IDS, step)
+    real = {(b, t, j) for b, t, j in found.nonzero().tolist() if t + 2 + step < LENGTHS[b]}
+    assert real == expected
 
 
-def reference_loss(q, k, ids, lengths):
-    """One slot at a time with math.exp: softmax over keys 0..t, target uniform on the
-    hand-listed matches (else key 0), averaged over slots t with t+2 < length."""
-    total, slots, mass, matched = 0.0, 0, 0.0, 0
-    for b in range(ids.shape[0]):
-        for t in range(int(lengths[b]) - 2):
-            s = [float(q[b, t] @ k[b, j]) / math.sqrt(q.shape[-1]) for j in range(t + 1)]
-            z = sum(math.exp(x) for x in s)
-            p = [math.exp(x) / z for x in s]
-            keys = [j for bb, tt, j in MATCHES if (bb, tt) == (b, t)] or [0]
-            total -= sum(math.log(p[j]) for j in keys) / len(keys)
-            slots += 1
-            if (b, t, keys[0]) in MATCHES:
-                mass += sum(p[j] for j in keys)
-                matched += 1
-    return total / slots, mass / matched, matched
+def reference_loss(queries, keys, ids, lengths, matches_per_step):
+    """One slot at a time with math.exp: at step s, softmax over context keys 0..t plus the
+    slot's chain keys of steps 1..s, target uniform on the hand-listed matches (else key 0),
+    averaged over slots t with t+2+s < length; the loss is the mean over steps."""
+    losses, masses, counts = [], [], []
+    d = queries[0].shape[-1]
+    for step, (q, matches) in enumerate(zip(queries, matches_per_step, strict=True)):
+        total, slots, mass, matched = 0.0, 0, 0.0, 0
+        for b in range(ids.shape[0]):
+            for t in range(int(lengths[b]) - 2 - step):
+                s = [float(q[b, t] @ keys[0][b, j]) / math.sqrt(d) for j in range(t + 1)]
+                s += [float(q[b, t] @ keys[i][b, t]) / math.sqrt(d) for i in range(1, step + 1)]
+                z = sum(math.exp(x) for x in s)
+                p = [math.exp(x) / z for x in s]
+                hits = [j for bb, tt, j in matches if (bb, tt) == (b, t)] or [0]
+                total -= sum(math.log(p[j]) for j in hits) / len(hits)
+                slots += 1
+                if (b, t, hits[0]) in matches:
+                    mass += sum(p[j] for j in hits)
+                    matched += 1
+        losses.append(total / slots)
+        masses.append(mass / matched)
+        counts.append(matched)
+    return sum(losses) / len(losses), masses, counts
 
 
 def test_loss_and_attention_mass_equal_a_per_slot_loop():
     torch.manual_seed(0)
-    q, k = torch.randn(2, 8, 4, dtype=torch.float64), torch.randn(2, 8, 4, dtype=torch.float64)
-    stats = copy_attention_loss(q, k, IDS, torch.ones_like(IDS), LENGTHS)
-    loss, mass, matched = reference_loss(q, k, IDS, LENGTHS)
-    assert stats.loss.item() == pytest.approx(loss, rel=1e-6)
-    assert stats.mass == pytest.approx(mass, rel=1e-6)
-    assert stats.slots == matched == 4
+    q = [torch.randn(2, 8, 4, dtype=torch.float64) for _ in range(2)]
+    k = [torch.randn(2, 8, 4, dtype=torch.float64) for _ in range(2)]
+    for steps, matches in [(1, [MATCHES]), (2, [MATCHES, MATCHES_STEP1])]:
+        stats = copy_attention_loss(q[:steps], k[:steps], IDS, torch.ones_like(IDS), LENGTHS)
+        loss, mass, matched = reference_loss(q[:steps], k[:steps], IDS, LENGTHS, matches)
+        assert stats.loss.item() == pytest.approx(loss, rel=1e-6)
+        assert stats.mass == pytest.approx(mass, rel=1e-6)
+        assert stats.slots == matched == [4] * steps
 
 
 def test_unsupervised_slots_carry_no_copy_loss():
     q, k = torch.zeros(2, 8, 4), torch.zeros(2, 8, 4)  # uniform attention: log(t+1) per slot
     mask = torch.ones_like(IDS)
     mask[1, 5:] = 0  # x_5.. of row 1 are not assistant tokens: slots 3.. are not counted
-    stats = copy_attention_loss(q, k, IDS, mask, LENGTHS)
+    stats = copy_attention_loss([q], [k], IDS, mask, LENGTHS)
     counted = [t + 1 for t in range(5)] + [t + 1 for t in range(3)]
     assert stats.loss.item() == pytest.approx(sum(map(math.log, counted)) / len(counted))
-    assert stats.slots == 1 and stats.mass == pytest.approx(1 / 4)
+    assert stats.slots == [1] and stats.mass == pytest.approx([1 / 4])
 
 
 def test_the_supervised_head_is_the_first_layers_last_query_head(tiny_world: Path):
@@ -81,19 +97,27 @@ def test_the_supervised_head_is_the_first_layers_last_query_head(tiny_world: Pat
     draft = spec.build(cfg, target, None)
     ids = torch.randint(0, target.description.vocab_size, (2, 10))
     aux = target.features(ids, None, [1, 2, 3]).aux
-    q, k = draft(aux, ids, 2, copy_qk=True).copy_qk
+    step_inputs: list[Tensor] = []  # what the final norm reads: each step's pre-norm output
+    hook = draft.norm.register_forward_hook(lambda m, args, out: step_inputs.append(args[0]))
+    probed = draft(aux, ids, 2, copy_steps=2).copy_qk
+    hook.remove()
     layer, d = draft.layers[0], draft.shape.head_dim
-    nxt = torch.cat([ids[:, 1:], ids[:, -1:]], 1)
-    x = torch.cat(
-        [layer.input_layernorm(draft.embed_tokens(nxt)), layer.hidden_norm(draft.fc(aux))], -1
-    )
     kv_heads = draft.shape.num_kv_heads
-    q_ref = (x @ layer.self_attn.q_proj.weight[-d:].T)[:, None]
-    k_ref = (x @ layer.self_attn.k_proj.weight[(kv_heads - 1) * d :].T)[:, None]
-    q_ref, k_ref = apply_rotary_pos_emb(q_ref, k_ref, *draft.rotary(x, torch.arange(10)[None]))
-    torch.testing.assert_close(q, q_ref[:, 0])
-    torch.testing.assert_close(k, k_ref[:, 0])
-    assert draft(aux, ids, 2).copy_qk is None
+    # Step s reads token x_{t+1+s} at RoPE position t+s; step 1's hidden is step 0's output.
+    for step, hidden in enumerate([draft.fc(aux), step_inputs[0]]):
+        tokens = torch.cat([ids[:, 1 + step :], ids[:, -1:].expand(-1, 1 + step)], 1)
+        x = torch.cat(
+            [layer.input_layernorm(draft.embed_tokens(tokens)), layer.hidden_norm(hidden)], -1
+        )
+        q_ref = (x @ layer.self_attn.q_proj.weight[-d:].T)[:, None]
+        k_ref = (x @ layer.self_attn.k_proj.weight[(kv_heads - 1) * d :].T)[:, None]
+        positions = torch.arange(step, 10 + step)[None]
+        q_ref, k_ref = apply_rotary_pos_emb(q_ref, k_ref, *draft.rotary(x, positions))
+        q, k = probed[step]
+        torch.testing.assert_close(q, q_ref[:, 0])
+        torch.testing.assert_close(k, k_ref[:, 0])
+    assert len(probed) == 2
+    assert draft(aux, ids, 2).copy_qk == []
 
 
 def test_cli_trains_a_head_that_attends_where_the_text_repeats(
@@ -116,6 +140,7 @@ def test_cli_trains_a_head_that_attends_where_the_text_repeats(
         "train.tensorboard=false",
         "optim.warmup_steps=2",
         "draft.copy_supervision=1.0",
+        "draft.copy_steps=2",
         "optim.lr=0.01",
         *draft_vocab_sets("eagle3"),
     ]
@@ -125,6 +150,18 @@ def test_cli_trains_a_head_that_attends_where_the_text_repeats(
     result = CliRunner().invoke(train_draft_app, args)
     assert result.exit_code == 0, result.output
     train = read_metrics(out / "metrics.jsonl", "train")
-    first, last = train[0]["copy_attention"], train[-1]["copy_attention"]
-    assert last > 3 * first, (first, last)  # seen: 0.032 -> 0.189
+    for name in ("copy_attention", "copy_attention_1"):  # steps 0 and 1
+        first, last = train[0][name], train[-1][name]
+        assert last > 3 * first, (name, first, last)  # seen: 0.031 -> 0.185 and 0.028 -> 0.170
     assert train[-1]["copy_loss"] < train[0]["copy_loss"]
+    assert "copy_attention_2" not in train[-1]  # ttt_steps 3, copy_steps 2
+
+
+def test_more_copy_steps_than_ttt_steps_is_refused_naming_both(tiny_world: Path, tmp_path):
+    args = ["--config", str(REPO / "configs" / "train" / "eagle3-llama-demo.yaml")]
+    args += ["--set", "draft.copy_steps=4", "--set", f"train.output_dir={tmp_path / 'run'}"]
+    result = CliRunner().invoke(train_draft_app, args)
+    assert result.exit_code == 2, result.output
+    assert "copy_steps (4) exceeds ttt_steps (3)" in result.output
+    assert "--set 'draft.copy_steps=4'" in result.output and "Traceback" not in result.output
+    assert not (tmp_path / "run").exists()

@@ -3,13 +3,15 @@ the earlier place where the text continued as it is about to continue now (an in
 head), the mechanism an n-gram proposer has and a drafter trained on next-token loss alone
 did not find on SmolLM2 (docs/results/2026-12-03-why-the-drafter-does-not-copy.md).
 
-At TTT step 0, slot t's query reads token x_{t+1} (the embedding half) and the key at slot j
-reads the target's features at j (which hold x_j), so the head can match x_j == x_{t+1}; the
-value at j holds x_{j+1} (its embedding half), which is what should come next. The head's
-attention at slot t is supervised toward the keys j in [1, t] with x_j == x_{t+1} and
-x_{j+1} == x_{t+2} (uniformly), and toward key 0 when there is none (a place to rest), on
-the slots whose token x_{t+2} is supervised. The weights stay those vLLM serves; only the
-loss changes.
+At TTT step s, slot t's query reads token x_{t+1+s} (the embedding half) and the step-0 key
+at slot j reads the target's features at j (which hold x_j), so the head can match
+x_j == x_{t+1+s}; the value at j holds x_{j+1} (its embedding half), which is what should
+come next. The head's attention at slot t is supervised toward the keys j in [1, t] with
+x_j == x_{t+1+s} and x_{j+1} == x_{t+2+s} (uniformly), and toward key 0 when there is none
+(a place to rest), on the slots whose token x_{t+2+s} is supervised. At s >= 1 the softmax
+also spans the slot's own chain keys of steps 1..s (as in training-time test and in vLLM's
+draft KV cache); they get no target mass. The weights stay those vLLM serves; only the loss
+changes.
 """
 
 from __future__ import annotations
@@ -25,43 +27,56 @@ from eagle_train.drafts.eagle_family import shift_left, valid_slots
 
 @dataclass
 class CopyStats:
-    loss: Tensor  # scalar: mean cross-entropy of the head's attention to its targets
-    mass: float  # mean attention on the matching keys, over slots that have one
-    slots: int  # slots that have a matching key
+    loss: Tensor  # scalar: per-step cross-entropy of the head's attention, mean over steps
+    mass: list[float]  # per step: mean attention on the matching keys, over slots with one
+    slots: list[int]  # per step: slots that have a matching key
 
 
-def copy_targets(input_ids: Tensor) -> Tensor:
-    """(B, T, T) bool: key j matches slot t (1 <= j <= t, x_j == x_{t+1}, x_{j+1} == x_{t+2}).
+def copy_targets(input_ids: Tensor, step: int = 0) -> Tensor:
+    """(B, T, T) bool: key j matches slot t at TTT step ``step``:
+    1 <= j <= t, x_j == x_{t+1+step} and x_{j+1} == x_{t+2+step}.
 
     Tokens past the end repeat the last id (``shift_left``); the loss masks those slots."""
     _, t = input_ids.shape
-    nxt, after = shift_left(input_ids, 1), shift_left(input_ids, 2)
-    same_token = input_ids[:, None, :] == nxt[:, :, None]  # [b, t, j]: x_j == x_{t+1}
-    same_next = nxt[:, None, :] == after[:, :, None]  # x_{j+1} == x_{t+2}
+    query_token, after = shift_left(input_ids, 1 + step), shift_left(input_ids, 2 + step)
+    same_token = input_ids[:, None, :] == query_token[:, :, None]  # [b, t, j]
+    same_next = shift_left(input_ids, 1)[:, None, :] == after[:, :, None]
     rows = torch.arange(t, device=input_ids.device)[:, None]
     cols = torch.arange(t, device=input_ids.device)[None, :]
     return same_token & same_next & (cols <= rows) & (cols >= 1)
 
 
 def copy_attention_loss(
-    q: Tensor, k: Tensor, input_ids: Tensor, loss_mask: Tensor, lengths: Tensor
+    queries: list[Tensor],
+    keys: list[Tensor],
+    input_ids: Tensor,
+    loss_mask: Tensor,
+    lengths: Tensor,
 ) -> CopyStats:
-    """``q``, ``k`` (B, T, D): the supervised head's step-0 query and key, rotary applied."""
-    scores = torch.matmul(q.float(), k.float().transpose(-1, -2)) / math.sqrt(q.shape[-1])
-    t = q.shape[1]
-    causal = torch.ones(t, t, dtype=torch.bool, device=q.device).tril()
-    logp = torch.log_softmax(scores.masked_fill(~causal, float("-inf")), dim=-1)
-    matches = copy_targets(input_ids)
-    has_match = matches.any(-1)
-    target = matches.float()
-    target[..., 0] = target[..., 0] + (~has_match).float()  # no match: rest on key 0
-    target = target / target.sum(-1, keepdim=True)
-    counted = valid_slots(loss_mask, lengths, 0)
-    per_slot = -(target * logp.masked_fill(~causal, 0.0)).sum(-1)
-    loss = (per_slot * counted).sum() / counted.sum().clamp(min=1)
-    with torch.no_grad():
-        on_match = counted & has_match
-        mass = (logp.exp() * matches).sum(-1)
-        n = int(on_match.sum())
-        mean_mass = float((mass * on_match).sum() / max(n, 1))
-    return CopyStats(loss=loss, mass=mean_mass, slots=n)
+    """``queries[s]``, ``keys[s]`` (B, T, D): the supervised head's query and key at TTT step
+    s, rotary applied; ``keys[0]`` are the context keys, ``keys[1..s]`` slot t's chain."""
+    losses, masses, counts = [], [], []
+    scale = 1 / math.sqrt(queries[0].shape[-1])
+    t = queries[0].shape[1]
+    causal = torch.ones(t, t, dtype=torch.bool, device=queries[0].device).tril()
+    context = keys[0].float().transpose(-1, -2)
+    for step, q in enumerate(queries):
+        q = q.float()
+        scores = (q @ context * scale).masked_fill(~causal, float("-inf"))
+        chain = [(q * k.float()).sum(-1, keepdim=True) * scale for k in keys[1 : step + 1]]
+        logp = torch.log_softmax(torch.cat([scores, *chain], dim=-1), dim=-1)[..., :t]
+        matches = copy_targets(input_ids, step)
+        has_match = matches.any(-1)
+        target = matches.float()
+        target[..., 0] = target[..., 0] + (~has_match).float()  # no match: rest on key 0
+        target = target / target.sum(-1, keepdim=True)
+        counted = valid_slots(loss_mask, lengths, step)
+        per_slot = -(target * logp.masked_fill(~causal, 0.0)).sum(-1)
+        losses.append((per_slot * counted).sum() / counted.sum().clamp(min=1))
+        with torch.no_grad():
+            on_match = counted & has_match
+            mass = (logp.exp() * matches).sum(-1)
+            n = int(on_match.sum())
+            masses.append(float((mass * on_match).sum() / max(n, 1)))
+            counts.append(n)
+    return CopyStats(loss=torch.stack(losses).mean(), mass=masses, slots=counts)

@@ -33,9 +33,9 @@ from eagle_train.target import TargetDescription
 @dataclass
 class DraftOutput:
     logits: list[Tensor]  # per TTT step: (B, T, Vd) at slot t, predicting x_{t+2+step}
-    # The last query head's step-0 query and key (B, T, D), rotary applied: what copy
-    # supervision trains (drafts/eagle3/copy_loss.py). None unless asked for.
-    copy_qk: tuple[Tensor, Tensor] | None = None
+    # The last query head's query and key (B, T, D) at each of the first ``copy_steps`` TTT
+    # steps, rotary applied: what copy supervision trains (drafts/eagle3/copy_loss.py).
+    copy_qk: list[tuple[Tensor, Tensor]]
 
 
 class Eagle3Draft(FusedInput):
@@ -92,13 +92,13 @@ class Eagle3Draft(FusedInput):
         return h
 
     def forward(
-        self, aux: Tensor, input_ids: Tensor, num_steps: int, copy_qk: bool = False
+        self, aux: Tensor, input_ids: Tensor, num_steps: int, copy_steps: int = 0
     ) -> DraftOutput:
         """``aux`` (B,T,n*TH) target features at slot t; ``input_ids`` (B,T) the sequence x.
 
         Step k at slot t takes token x_{t+1+k} at RoPE position t+k. Tokens past the end
-        are padded with the last id; their slots are masked out by the loss. ``copy_qk``:
-        also return the last head's step-0 query and key.
+        are padded with the last id; their slots are masked out by the loss. ``copy_steps``:
+        also return the last head's query and key at that many first steps.
         """
         b, t = input_ids.shape
         hidden = self.fuse(aux)
@@ -108,8 +108,8 @@ class Eagle3Draft(FusedInput):
         probe: list[tuple[Tensor, Tensor]] = []
         for k in range(num_steps):
             tokens = shift_left(input_ids, 1 + k)
-            out = self.step(hidden, tokens, base + k, kv, probe if copy_qk and k == 0 else None)
+            out = self.step(hidden, tokens, base + k, kv, probe if k < copy_steps else None)
             normed = self.norm(out)
             logits.append(self.lm_head(normed))
             hidden = normed if self.norm_output else out
-        return DraftOutput(logits=logits, copy_qk=probe[0] if probe else None)
+        return DraftOutput(logits=logits, copy_qk=probe)

@@ -73,8 +73,9 @@ class Eagle3Spec:
         self, draft: nn.Module, features: TargetFeatures, batch: Batch, cfg: Eagle3Config
     ) -> StepResult:
         module = getattr(draft, "module", draft)  # DDP-wrapped or not
-        copy = cfg.copy_supervision > 0
-        out = draft(features.aux.to(module.fc.weight.dtype), batch.input_ids, cfg.ttt_steps, copy)
+        copy_steps = cfg.copy_steps if cfg.copy_supervision > 0 else 0
+        aux = features.aux.to(module.fc.weight.dtype)
+        out = draft(aux, batch.input_ids, cfg.ttt_steps, copy_steps)
         stats = eagle3_loss(
             out.logits,
             features.logits,
@@ -89,13 +90,15 @@ class Eagle3Spec:
         for k, value in enumerate(stats.step_losses):
             metrics[f"loss_{k}"] = value
         loss = stats.loss
-        if out.copy_qk is not None:
-            query, key = out.copy_qk
+        if out.copy_qk:
+            queries, keys = zip(*out.copy_qk, strict=True)
             copied = copy_attention_loss(
-                query, key, batch.input_ids, batch.loss_mask, batch.lengths
+                list(queries), list(keys), batch.input_ids, batch.loss_mask, batch.lengths
             )
             loss = loss + cfg.copy_supervision * copied.loss
-            metrics.update(copy_loss=copied.loss.item(), copy_attention=copied.mass)
+            metrics["copy_loss"] = copied.loss.item()
+            for k, mass in enumerate(copied.mass):  # copy_attention: step 0, then _1, _2, ..
+                metrics["copy_attention" + (f"_{k}" if k else "")] = mass
         return StepResult(loss=loss, metrics=metrics, weight=int(stats.valid[0].sum()))
 
     @torch.no_grad()
