@@ -16,7 +16,9 @@
 #   6. eval-acceptance on MT-Bench (both turns, n-gram first): tokens per target step, AL,
 #      per-position acceptance, greedy equality, paired per-request differences against
 #      n-gram (interleave=false serves the target alone once)
-# BUDGET=default is sized for about 90 minutes on 2 cores: 4,064 conversations and 2 epochs
+# BUDGET=default is sized for about 90 minutes on 2 cores of an Intel Xeon with AMX (on an AMD
+# EPYC without AMX, data, features and training without probes took 109 minutes:
+# docs/results/2026-12-04-copy-steps.md): 4,064 conversations and 2 epochs
 # where the CPU has bf16 units (docs/results/2026-12-03-smollm2-amx.md), 480 and 4 epochs with
 # the fp32 target elsewhere (105 minutes with other jobs on the machine:
 # docs/results/2026-12-01-recipe.md). BUDGET=large writes 4x the prompts and evaluates all of
