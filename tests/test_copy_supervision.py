@@ -71,7 +71,9 @@ def test_loss_and_attention_mass_equal_a_per_slot_loop():
     q = [torch.randn(2, 8, 4, dtype=torch.float64) for _ in range(2)]
     k = [torch.randn(2, 8, 4, dtype=torch.float64) for _ in range(2)]
     for steps, matches in [(1, [MATCHES]), (2, [MATCHES, MATCHES_STEP1])]:
-        stats = copy_attention_loss(q[:steps], k[:steps], IDS, torch.ones_like(IDS), LENGTHS)
+        stats = copy_attention_loss(
+            list(zip(q, k, strict=True))[:steps], IDS, torch.ones_like(IDS), LENGTHS
+        )
         loss, mass, matched = reference_loss(q[:steps], k[:steps], IDS, LENGTHS, matches)
         assert stats.loss.item() == pytest.approx(loss, rel=1e-6)
         assert stats.mass == pytest.approx(mass, rel=1e-6)
@@ -82,7 +84,7 @@ def test_unsupervised_slots_carry_no_copy_loss():
     q, k = torch.zeros(2, 8, 4), torch.zeros(2, 8, 4)  # uniform attention: log(t+1) per slot
     mask = torch.ones_like(IDS)
     mask[1, 5:] = 0  # x_5.. of row 1 are not assistant tokens: slots 3.. are not counted
-    stats = copy_attention_loss([q], [k], IDS, mask, LENGTHS)
+    stats = copy_attention_loss([(q, k)], IDS, mask, LENGTHS)
     counted = [t + 1 for t in range(5)] + [t + 1 for t in range(3)]
     assert stats.loss.item() == pytest.approx(sum(map(math.log, counted)) / len(counted))
     assert stats.slots == [1] and stats.mass == pytest.approx([1 / 4])

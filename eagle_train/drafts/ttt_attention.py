@@ -49,7 +49,7 @@ def _chunk_rows(q: Tensor) -> int:
     return max(1, min(length, _CHUNK_BYTES // (4 * batch * heads * max(length, 1))))
 
 
-def _scores(qc: Tensor, k0: Tensor, kdc: Tensor, start: int, scale: float) -> Tensor:
+def chain_scores(qc: Tensor, k0: Tensor, kdc: Tensor, start: int, scale: float) -> Tensor:
     """fp32 scores of a query chunk ``[start, start+c)`` over keys ``[0, start+c)`` + diagonal."""
     end = start + qc.shape[2]
     s0 = torch.matmul(qc, k0[:, :, :end].float().transpose(-1, -2)) * scale  # (B,h,c,end)
@@ -70,7 +70,7 @@ class _TTTAttention(torch.autograd.Function):
         for start in range(0, length, chunk):
             end = min(length, start + chunk)
             qc = q[:, :, start:end].float()
-            s = _scores(qc, k0, kd[:, :, start:end], start, scale)
+            s = chain_scores(qc, k0, kd[:, :, start:end], start, scale)
             m = s.amax(-1, keepdim=True)
             p = torch.exp(s - m)
             z = p.sum(-1, keepdim=True)
@@ -97,7 +97,7 @@ class _TTTAttention(torch.autograd.Function):
             end = min(length, start + chunk)
             qc, doc = q[:, :, start:end].float(), dout[:, :, start:end]
             kdc, vdc = kd[:, :, start:end].float(), vd[:, :, start:end].float()
-            p = torch.exp(_scores(qc, k0, kdc, start, scale) - lse[:, :, start:end, None])
+            p = torch.exp(chain_scores(qc, k0, kdc, start, scale) - lse[:, :, start:end, None])
             p0, pd = p[..., :end], p[..., end:]
             k0c, v0c = k0[:, :, :end].float(), v0[:, :, :end].float()
             dv0[:, :, :end] += torch.matmul(p0.transpose(-1, -2), doc)

@@ -23,6 +23,7 @@ import torch
 from torch import Tensor
 
 from eagle_train.drafts.eagle_family import shift_left, valid_slots
+from eagle_train.drafts.ttt_attention import chain_scores
 
 
 @dataclass
@@ -47,24 +48,22 @@ def copy_targets(input_ids: Tensor, step: int = 0) -> Tensor:
 
 
 def copy_attention_loss(
-    queries: list[Tensor],
-    keys: list[Tensor],
-    input_ids: Tensor,
-    loss_mask: Tensor,
-    lengths: Tensor,
+    probed: list[tuple[Tensor, Tensor]], input_ids: Tensor, loss_mask: Tensor, lengths: Tensor
 ) -> CopyStats:
-    """``queries[s]``, ``keys[s]`` (B, T, D): the supervised head's query and key at TTT step
-    s, rotary applied; ``keys[0]`` are the context keys, ``keys[1..s]`` slot t's chain."""
+    """``probed[s]``: the supervised head's query and key (B, T, D) at TTT step s, rotary
+    applied. Step 0's keys are the context keys; steps 1..s's are slot t's chain. The scores
+    are those training-time-test attention computes (``chain_scores``)."""
     losses, masses, counts = [], [], []
-    scale = 1 / math.sqrt(queries[0].shape[-1])
-    t = queries[0].shape[1]
-    causal = torch.ones(t, t, dtype=torch.bool, device=queries[0].device).tril()
-    context = keys[0].float().transpose(-1, -2)
-    for step, q in enumerate(queries):
-        q = q.float()
-        scores = (q @ context * scale).masked_fill(~causal, float("-inf"))
-        chain = [(q * k.float()).sum(-1, keepdim=True) * scale for k in keys[1 : step + 1]]
-        logp = torch.log_softmax(torch.cat([scores, *chain], dim=-1), dim=-1)[..., :t]
+    context = probed[0][1]
+    b, t, d = context.shape
+    causal = torch.ones(t, t, dtype=torch.bool, device=context.device).tril()
+    for step, (q, _) in enumerate(probed):
+        chain = [k for _, k in probed[1 : step + 1]]
+        chain_keys = torch.stack(chain, dim=2) if chain else context.new_empty(b, t, 0, d)
+        scores = chain_scores(
+            q.float()[:, None], context[:, None], chain_keys[:, None], 0, 1 / math.sqrt(d)
+        )
+        logp = torch.log_softmax(scores[:, 0], dim=-1)[..., :t]
         matches = copy_targets(input_ids, step)
         has_match = matches.any(-1)
         target = matches.float()

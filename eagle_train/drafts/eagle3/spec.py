@@ -91,9 +91,8 @@ class Eagle3Spec:
             metrics[f"loss_{k}"] = value
         loss = stats.loss
         if out.copy_qk:
-            queries, keys = zip(*out.copy_qk, strict=True)
             copied = copy_attention_loss(
-                list(queries), list(keys), batch.input_ids, batch.loss_mask, batch.lengths
+                out.copy_qk, batch.input_ids, batch.loss_mask, batch.lengths
             )
             loss = loss + cfg.copy_supervision * copied.loss
             metrics["copy_loss"] = copied.loss.item()
