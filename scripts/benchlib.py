@@ -25,6 +25,19 @@ SHAPES = {
         rms_norm_eps=1e-5,
         tie_word_embeddings=False,
     ),
+    # SmolLM2-135M-Instruct's config.json (the real target of docs/real-target.md), for
+    # machines that cannot download it: the same throughput, random weights.
+    "smollm2-135m": dict(
+        hidden_size=576,
+        intermediate_size=1536,
+        num_hidden_layers=30,
+        num_attention_heads=9,
+        num_key_value_heads=3,
+        vocab_size=49152,
+        rope_theta=100000.0,
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=True,
+    ),
     "llama3-8b-mini": dict(
         hidden_size=256,
         intermediate_size=896,

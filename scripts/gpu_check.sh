@@ -3,12 +3,16 @@
 #
 #   bash scripts/gpu_check.sh [--target DIR] [--out DIR]   # on a CUDA machine
 #   bash scripts/gpu_check.sh --dry-run                     # the same steps on CPU, tiny sizes
+#   bash scripts/gpu_check.sh --no-install --target smollm2-135m   # an offline machine
 #
 # Python: $PY, else .venv/bin/python, else python3. It must have CUDA torch and vLLM
 # (`pip install -e ".[gpu]"` in an environment with CUDA torch, or the official vLLM image);
-# when that Python lacks the package, it is installed with the gpu extra (needs PyPI).
-# The real target: --target DIR (a SmolLM2-135M-Instruct directory), else the project's
-# `fetch-real-target` command when it exists. A dry run uses the tiny demo world instead.
+# when that Python lacks the package, it is installed with the gpu extra (needs PyPI), unless
+# --no-install. The real target: --target DIR (a SmolLM2-135M-Instruct directory), else the
+# project's `fetch-real-target` command when it exists; --target smollm2-135m (a shape in
+# scripts/benchlib.py) builds random weights of its shape instead, which serves the throughput
+# steps. A dry run uses the tiny demo world instead. Steps 5-7 need vLLM and a target directory:
+# without them they are reported as skipped, with the reason.
 #
 # Steps (each prints its figures; a failed step is reported and the others still run):
 #   1 environment          torch, CUDA, GPUs, vLLM
@@ -22,14 +26,16 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 DRY=0
+NO_INSTALL=0
 TARGET=""
 OUT=runs/gpu_check
 while [ $# -gt 0 ]; do
   case "$1" in
     --dry-run) DRY=1 ;;
+    --no-install) NO_INSTALL=1 ;;
     --target) TARGET="$2"; shift ;;
     --out) OUT="$2"; shift ;;
-    *) echo "error: unknown argument '$1' (expected --dry-run, --target DIR, --out DIR)" >&2; exit 2 ;;
+    *) echo "error: unknown argument '$1' (expected --dry-run, --no-install, --target DIR, --out DIR)" >&2; exit 2 ;;
   esac
   shift
 done
@@ -39,12 +45,16 @@ fi
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" TOKENIZERS_PARALLELISM=false
 mkdir -p "$OUT"
 FAILED=()
+SKIPPED=()
 step() {  # step NAME COMMAND...: run, time, remember a failure
   local name=$1; shift
   echo; echo "=== $name"
   local start=$SECONDS
   if "$@"; then echo "--- $name: ok ($((SECONDS - start)) s)"
   else echo "--- $name: FAILED ($((SECONDS - start)) s)"; FAILED+=("$name"); fi
+}
+skip() {  # skip NAME WHY
+  echo; echo "=== $1"; echo "--- $1: skipped ($2)"; SKIPPED+=("$1")
 }
 
 if [ "$DRY" = 1 ]; then
@@ -61,13 +71,16 @@ else
 fi
 
 environment() {
-  if [ "$DRY" = 0 ] && ! "$PY" -c "import torch, vllm, eagle_train; assert torch.cuda.is_available()" 2>/dev/null; then
+  if [ "$DRY" = 0 ] && [ "$NO_INSTALL" = 0 ] \
+    && ! "$PY" -c "import torch, vllm, eagle_train; assert torch.cuda.is_available()" 2>/dev/null; then
     echo "installing the package with the gpu extra into $PY"
     "$PY" -m pip install -q -e ".[gpu]" || return 1
   fi
   "$PY" - <<'EOF'
 import torch
-print("torch", torch.__version__, "| CUDA", torch.version.cuda, "| GPUs", torch.cuda.device_count())
+import transformers
+print("torch", torch.__version__, "| CUDA", torch.version.cuda, "| GPUs", torch.cuda.device_count(),
+      "| transformers", transformers.__version__)
 for i in range(torch.cuda.device_count()):
     p = torch.cuda.get_device_properties(i)
     print(f"  cuda:{i} {p.name} {p.total_memory / 2**30:.0f} GiB")
@@ -85,6 +98,11 @@ demo_world() {  # chats for regeneration; on a dry run also the target (barely p
 }
 
 real_target() {  # sets TARGET
+  if [ -n "$TARGET" ] && [ ! -e "$TARGET" ] && "$PY" -c \
+    "import sys; sys.path.insert(0, 'scripts'); import benchlib; assert sys.argv[1] in benchlib.SHAPES" \
+    "$TARGET" 2>/dev/null; then
+    echo "target: random weights of the shape $TARGET (scripts/benchlib.py)"; return 0
+  fi
   if [ "$DRY" = 1 ]; then
     demo_world || return 1
     TARGET="$OUT/world/targets/llama/bf16"
@@ -162,17 +180,21 @@ acceptance() {
 START=$SECONDS
 step "1 environment" environment
 step "real target" real_target
-[ "$DRY" = 1 ] || demo_world >/dev/null
+NO_VLLM=""  # why steps 5-7 cannot run, if they cannot
+if ! "$PY" -c "import vllm" 2>/dev/null; then NO_VLLM="vLLM not importable"
+elif [ ! -f "$TARGET/config.json" ]; then NO_VLLM="no target directory"
+fi
+[ "$DRY" = 1 ] || [ -n "$NO_VLLM" ] || demo_world >/dev/null
 if [ -n "$TARGET" ]; then
   step "2 train (real target)" train_figures "$TARGET" "$REAL_AUX"
 fi
 step "3 train ($BIG random target)" train_figures "$BIG" "$BIG_AUX"
 step "4 optimizer" "$PY" scripts/bench_optimizer.py --device "$DEVICE" --sizes "$SIZES" --steps "$STEPS"
-if [ -n "$TARGET" ]; then
-  step "6 regeneration" regeneration
-  step "5 DDP" ddp
-  step "7 acceptance" acceptance
-fi
+for name in "6 regeneration" "5 DDP" "7 acceptance"; do
+  if [ -n "$NO_VLLM" ]; then skip "$name" "$NO_VLLM"
+  else fn=${name#* }; step "$name" "${fn,,}"; fi  # "5 DDP" runs ddp
+done
 echo
-echo "gpu_check: $((SECONDS - START)) s; failed steps: ${#FAILED[@]}${FAILED:+ (${FAILED[*]})}"
+echo "gpu_check: $((SECONDS - START)) s; failed steps: ${#FAILED[@]}${FAILED:+ (${FAILED[*]})};" \
+  "skipped steps: ${#SKIPPED[@]}${SKIPPED:+ (${SKIPPED[*]})}"
 [ ${#FAILED[@]} -eq 0 ]
