@@ -146,6 +146,8 @@ def main() -> None:
                 f"step {rows[-1]['step_s']:.3f}s  peak +{rows[-1]['peak_extra_MiB']:.1f} MiB",
                 flush=True,
             )
+    if len(args.ks) < 2:
+        return  # one K: no growth per TTT step to report
     print("\nmemory growth per extra TTT step (MiB), from the K points:")
     for seq in args.seqs:
         pts = sorted((r["K"], r["peak_extra_MiB"]) for r in rows if r["seq"] == seq)
