@@ -377,13 +377,18 @@ def draft_vocab(
         for ids, mask in zip(shard["input_ids"], shard["loss_mask"], strict=True):
             counter.add(ids, mask)
         counts = all_reduce_sum(counter.result(), env)
+    mapping = build_vocab_mapping(counts, size)
+    total = int(counts.sum())
     log.info(
-        "draft vocabulary: top %d of %d target ids over %d supervised tokens",
+        "draft vocabulary: top %d of %d target ids over %d supervised tokens; it covers %.1f%% "
+        "of them (%d distinct ids were seen)",
         size,
         vocab_size,
-        int(counts.sum()),
+        total,
+        100.0 * int(counts[mapping.t2d].sum()) / max(total, 1),
+        int((counts > 0).sum()),
     )
-    return build_vocab_mapping(counts, size)
+    return mapping
 
 
 def validation_batches(cfg: RunConfig, pad_id: int) -> list[Batch]:

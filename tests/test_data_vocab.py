@@ -124,13 +124,22 @@ def _run_config(data: Path, *sets: str) -> RunConfig:
     return load_config(RunConfig, path, ["target.path=t", f"data.train={data}", *sets])
 
 
-def test_the_trainer_builds_the_configured_mapping_from_prepare_datas_counts(tmp_path):
+def test_the_trainer_builds_the_configured_mapping_from_prepare_datas_counts(tmp_path, caplog):
     data, vocab_size = _prepared(tmp_path)
+    supervised = collections.Counter()
+    for row in load_prepared(data):
+        supervised.update(t for t, m in zip(row["input_ids"], row["loss_mask"], strict=True) if m)
     for size in (7, 20):
         cfg = _run_config(data, f"draft.draft_vocab_size={size}")
-        mapping = draft_vocab(cfg, PreparedData(data), vocab_size)
+        caplog.clear()
+        with caplog.at_level("INFO", logger="eagle_train.train_setup"):
+            mapping = draft_vocab(cfg, PreparedData(data), vocab_size)
         assert mapping.draft_ids.tolist() == _reference_ids(data, vocab_size, size)
         assert int(mapping.t2d.sum()) == size
+        # The log says how much of the supervised text the vocabulary can propose.
+        share = sum(supervised[t] for t in _reference_ids(data, vocab_size, size))
+        share = 100 * share / sum(supervised.values())
+        assert f"it covers {share:.1f}% of them ({len(supervised)} distinct ids" in caplog.text
     nothing = _run_config(data, "draft.draft_vocab_size=null")
     assert draft_vocab(nothing, PreparedData(data), vocab_size) is None  # the whole vocabulary
     with pytest.raises(ConfigError, match="draft.draft_vocab_size 501 is larger than the target"):
