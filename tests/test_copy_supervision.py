@@ -11,11 +11,14 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import draft_vocab_sets
+from target_families import family_config
 from torch import Tensor
+from transformers import AutoModelForCausalLM
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 from typer.testing import CliRunner
 
 from eagle_train.cli import train_draft_app
+from eagle_train.config import ConfigError
 from eagle_train.drafts.eagle3.config import Eagle3Config
 from eagle_train.drafts.eagle3.copy_loss import copy_attention_loss, copy_targets
 from eagle_train.drafts.registry import get_draft
@@ -68,20 +71,31 @@ def reference_loss(queries, keys, ids, lengths, matches_per_step):
 
 def test_loss_and_attention_mass_equal_a_per_slot_loop():
     torch.manual_seed(0)
-    q = [torch.randn(2, 8, 4, dtype=torch.float64) for _ in range(2)]
-    k = [torch.randn(2, 8, 4, dtype=torch.float64) for _ in range(2)]
+    q = [torch.randn(2, 2, 8, 4, dtype=torch.float64) for _ in range(2)]  # (B, heads, T, D)
+    k = [torch.randn(2, 2, 8, 4, dtype=torch.float64) for _ in range(2)]
     for steps, matches in [(1, [MATCHES]), (2, [MATCHES, MATCHES_STEP1])]:
-        stats = copy_attention_loss(
-            list(zip(q, k, strict=True))[:steps], IDS, torch.ones_like(IDS), LENGTHS
-        )
-        loss, mass, matched = reference_loss(q[:steps], k[:steps], IDS, LENGTHS, matches)
-        assert stats.loss.item() == pytest.approx(loss, rel=1e-6)
-        assert stats.mass == pytest.approx(mass, rel=1e-6)
-        assert stats.slots == matched == [4] * steps
+        for heads in (1, 2):  # two copy heads: the mean of each head's own loss and mass
+            stats = copy_attention_loss(
+                [(a[:, :heads], b[:, :heads]) for a, b in zip(q, k, strict=True)][:steps],
+                IDS,
+                torch.ones_like(IDS),
+                LENGTHS,
+            )
+            per_head = [
+                reference_loss(
+                    [a[:, h] for a in q[:steps]], [b[:, h] for b in k], IDS, LENGTHS, matches
+                )
+                for h in range(heads)
+            ]
+            loss = sum(r[0] for r in per_head) / heads
+            mass = [sum(r[1][s] for r in per_head) / heads for s in range(steps)]
+            assert stats.loss.item() == pytest.approx(loss, rel=1e-6)
+            assert stats.mass == pytest.approx(mass, rel=1e-6)
+            assert stats.slots == per_head[0][2] == [4] * steps
 
 
 def test_unsupervised_slots_carry_no_copy_loss():
-    q, k = torch.zeros(2, 8, 4), torch.zeros(2, 8, 4)  # uniform attention: log(t+1) per slot
+    q, k = torch.zeros(2, 1, 8, 4), torch.zeros(2, 1, 8, 4)  # uniform attention: log(t+1) per slot
     mask = torch.ones_like(IDS)
     mask[1, 5:] = 0  # x_5.. of row 1 are not assistant tokens: slots 3.. are not counted
     stats = copy_attention_loss([(q, k)], IDS, mask, LENGTHS)
@@ -90,11 +104,24 @@ def test_unsupervised_slots_carry_no_copy_loss():
     assert stats.slots == [1] and stats.mass == pytest.approx([1 / 4])
 
 
-def test_the_supervised_head_is_the_first_layers_last_query_head(tiny_world: Path):
-    target = FrozenTarget.from_pretrained(
-        tiny_world / "targets" / "llama" / "fp32", dtype=torch.float32
-    )
-    spec, cfg = get_draft("eagle3"), Eagle3Config(aux_layer_ids=[1, 2, 3], ttt_steps=2)
+@pytest.fixture(scope="module")
+def gqa_target(tmp_path_factory: pytest.TempPathFactory) -> FrozenTarget:
+    """A random Llama with 4 query heads in 2 key/value groups (the tiny world has one)."""
+    config = family_config("llama")
+    config.num_attention_heads, config.num_key_value_heads, config.head_dim = 4, 2, 16
+    path = tmp_path_factory.mktemp("gqa")
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(config).save_pretrained(path)
+    return FrozenTarget.from_pretrained(path, dtype=torch.float32)
+
+
+@pytest.mark.parametrize("copy_heads", [1, 2])
+def test_the_supervised_heads_are_the_last_query_head_of_the_last_groups(
+    gqa_target: FrozenTarget, copy_heads: int
+):
+    target = gqa_target
+    cfg = Eagle3Config(aux_layer_ids=[1, 2, 3], ttt_steps=2, copy_heads=copy_heads)
+    spec = get_draft("eagle3")
     torch.manual_seed(0)
     draft = spec.build(cfg, target, None)
     ids = torch.randint(0, target.description.vocab_size, (2, 10))
@@ -104,22 +131,36 @@ def test_the_supervised_head_is_the_first_layers_last_query_head(tiny_world: Pat
     probed = draft(aux, ids, 2, copy_steps=2).copy_qk
     hook.remove()
     layer, d = draft.layers[0], draft.shape.head_dim
-    kv_heads = draft.shape.num_kv_heads
+    heads, kv_heads = draft.shape.num_heads, draft.shape.num_kv_heads
+    group = heads // kv_heads
+    assert kv_heads >= 2 and group >= 2  # the tiny target has GQA groups to tell apart
+    # (query head, key/value head) pairs: the last query head of each of the last groups
+    pairs = [(heads - 1, kv_heads - 1), (heads - 1 - group, kv_heads - 2)][:copy_heads][::-1]
     # Step s reads token x_{t+1+s} at RoPE position t+s; step 1's hidden is step 0's output.
     for step, hidden in enumerate([draft.fc(aux), step_inputs[0]]):
         tokens = torch.cat([ids[:, 1 + step :], ids[:, -1:].expand(-1, 1 + step)], 1)
         x = torch.cat(
             [layer.input_layernorm(draft.embed_tokens(tokens)), layer.hidden_norm(hidden)], -1
         )
-        q_ref = (x @ layer.self_attn.q_proj.weight[-d:].T)[:, None]
-        k_ref = (x @ layer.self_attn.k_proj.weight[(kv_heads - 1) * d :].T)[:, None]
-        positions = torch.arange(step, 10 + step)[None]
-        q_ref, k_ref = apply_rotary_pos_emb(q_ref, k_ref, *draft.rotary(x, positions))
         q, k = probed[step]
-        torch.testing.assert_close(q, q_ref[:, 0])
-        torch.testing.assert_close(k, k_ref[:, 0])
+        assert q.shape == k.shape == (2, copy_heads, 10, d)
+        for i, (qh, kh) in enumerate(pairs):
+            q_ref = (x @ layer.self_attn.q_proj.weight[qh * d : (qh + 1) * d].T)[:, None]
+            k_ref = (x @ layer.self_attn.k_proj.weight[kh * d : (kh + 1) * d].T)[:, None]
+            positions = torch.arange(step, 10 + step)[None]
+            q_ref, k_ref = apply_rotary_pos_emb(q_ref, k_ref, *draft.rotary(x, positions))
+            torch.testing.assert_close(q[:, i], q_ref[:, 0])
+            torch.testing.assert_close(k[:, i], k_ref[:, 0])
     assert len(probed) == 2
     assert draft(aux, ids, 2).copy_qk == []
+
+
+def test_more_copy_heads_than_key_value_groups_is_refused(gqa_target: FrozenTarget):
+    target = gqa_target
+    kv_heads = target.description.num_kv_heads
+    cfg = Eagle3Config(aux_layer_ids=[1, 2, 3], copy_heads=kv_heads + 1)
+    with pytest.raises(ConfigError, match=f"draft.copy_heads.*{kv_heads}.*{kv_heads + 1}"):
+        get_draft("eagle3").build(cfg, target, None)
 
 
 def test_cli_trains_a_head_that_attends_where_the_text_repeats(

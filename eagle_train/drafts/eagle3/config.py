@@ -36,12 +36,15 @@ class Eagle3Config(DraftConfigBase, FusionNorms):
     # this). Metrics still count them. Default chosen by measurement: see README.md.
     drop_out_of_vocab: bool = False
     # Copy supervision (drafts/eagle3/copy_loss.py): this weight times the cross-entropy of
-    # the first layer's last attention head toward the earlier keys where the text went on as
-    # it is about to go on now (an induction head, what n-gram proposers do), averaged over
-    # the first copy_steps TTT steps (at most ttt_steps). 0 turns it off. The served weights
-    # and their layout do not change.
+    # the first layer's copy heads' attention toward the earlier keys where the text went on
+    # as it is about to go on now (an induction head, what n-gram proposers do), averaged
+    # over the first copy_steps TTT steps (at most ttt_steps) and the heads. The copy heads
+    # are the last query head of each of the last copy_heads key/value groups (at most the
+    # target's key/value heads). 0 turns it off. The served weights and their layout do
+    # not change.
     copy_supervision: float = Field(default=0.0, ge=0)
     copy_steps: int = Field(default=1, ge=1)
+    copy_heads: int = Field(default=1, ge=1)
     # Copy of the target embedding, frozen by default (exported only when trained).
     train_embedding: bool = False
     # Training-time-test attention kernel: chunked (exact fp32 reference), fused (CPU: torch's

@@ -1,4 +1,5 @@
-"""Copy supervision: teach one attention head of the draft's first layer to find, at slot t,
+"""Copy supervision: teach attention heads of the draft's first layer (one per key/value
+group, ``draft.copy_heads`` of them: each group has its own value) to find, at slot t,
 the earlier place where the text continued as it is about to continue now (an induction
 head), the mechanism an n-gram proposer has and a drafter trained on next-token loss alone
 did not find on SmolLM2 (docs/results/2026-12-03-why-the-drafter-does-not-copy.md).
@@ -6,7 +7,7 @@ did not find on SmolLM2 (docs/results/2026-12-03-why-the-drafter-does-not-copy.m
 At TTT step s, slot t's query reads token x_{t+1+s} (the embedding half) and the step-0 key
 at slot j reads the target's features at j (which hold x_j), so the head can match
 x_j == x_{t+1+s}; the value at j holds x_{j+1} (its embedding half), which is what should
-come next. The head's attention at slot t is supervised toward the keys j in [1, t] with
+come next. Each copy head's attention at slot t is supervised toward the keys j in [1, t] with
 x_j == x_{t+1+s} and x_{j+1} == x_{t+2+s} (uniformly), and toward key 0 when there is none
 (a place to rest), on the slots whose token x_{t+2+s} is supervised. At s >= 1 the softmax
 also spans the slot's own chain keys of steps 1..s (as in training-time test and in vLLM's
@@ -50,32 +51,31 @@ def copy_targets(input_ids: Tensor, step: int = 0) -> Tensor:
 def copy_attention_loss(
     probed: list[tuple[Tensor, Tensor]], input_ids: Tensor, loss_mask: Tensor, lengths: Tensor
 ) -> CopyStats:
-    """``probed[s]``: the supervised head's query and key (B, T, D) at TTT step s, rotary
+    """``probed[s]``: the copy heads' queries and keys (B, N, T, D) at TTT step s, rotary
     applied. Step 0's keys are the context keys; steps 1..s's are slot t's chain. The scores
-    are those training-time-test attention computes (``chain_scores``)."""
+    are those training-time-test attention computes (``chain_scores``). Loss and mass are
+    means over the N heads too."""
     losses, masses, counts = [], [], []
     context = probed[0][1]
-    b, t, d = context.shape
+    b, n, t, d = context.shape
     causal = torch.ones(t, t, dtype=torch.bool, device=context.device).tril()
     for step, (q, _) in enumerate(probed):
         chain = [k for _, k in probed[1 : step + 1]]
-        chain_keys = torch.stack(chain, dim=2) if chain else context.new_empty(b, t, 0, d)
-        scores = chain_scores(
-            q.float()[:, None], context[:, None], chain_keys[:, None], 0, 1 / math.sqrt(d)
-        )
-        logp = torch.log_softmax(scores[:, 0], dim=-1)[..., :t]
+        chain_keys = torch.stack(chain, dim=3) if chain else context.new_empty(b, n, t, 0, d)
+        scores = chain_scores(q.float(), context, chain_keys, 0, 1 / math.sqrt(d))
+        logp = torch.log_softmax(scores, dim=-1)[..., :t]  # (B, N, T, T)
         matches = copy_targets(input_ids, step)
         has_match = matches.any(-1)
         target = matches.float()
         target[..., 0] = target[..., 0] + (~has_match).float()  # no match: rest on key 0
-        target = target / target.sum(-1, keepdim=True)
+        target = (target / target.sum(-1, keepdim=True))[:, None]
         counted = valid_slots(loss_mask, lengths, step)
-        per_slot = -(target * logp.masked_fill(~causal, 0.0)).sum(-1)
+        per_slot = -(target * logp.masked_fill(~causal, 0.0)).sum(-1).mean(1)  # (B, T)
         losses.append((per_slot * counted).sum() / counted.sum().clamp(min=1))
         with torch.no_grad():
             on_match = counted & has_match
-            mass = (logp.exp() * matches).sum(-1)
-            n = int(on_match.sum())
-            masses.append(float((mass * on_match).sum() / max(n, 1)))
-            counts.append(n)
+            mass = (logp.exp() * matches[:, None]).sum(-1).mean(1)
+            matched = int(on_match.sum())
+            masses.append(float((mass * on_match).sum() / max(matched, 1)))
+            counts.append(matched)
     return CopyStats(loss=torch.stack(losses).mean(), mass=masses, slots=counts)

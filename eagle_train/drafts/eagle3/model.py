@@ -33,7 +33,7 @@ from eagle_train.target import TargetDescription
 @dataclass
 class DraftOutput:
     logits: list[Tensor]  # per TTT step: (B, T, Vd) at slot t, predicting x_{t+2+step}
-    # The last query head's query and key (B, T, D) at each of the first ``copy_steps`` TTT
+    # The copy heads' queries and keys (B, N, T, D) at each of the first ``copy_steps`` TTT
     # steps, rotary applied: what copy supervision trains (drafts/eagle3/copy_loss.py).
     copy_qk: list[tuple[Tensor, Tensor]]
 
@@ -54,6 +54,10 @@ class Eagle3Draft(FusedInput):
         self.register_buffer("d2t", torch.zeros(s.draft_vocab_size, dtype=torch.long))
         self.register_buffer("t2d", torch.ones(s.vocab_size, dtype=torch.bool))
         self.rotary = rotary_embedding(target)  # the target's RoPE, scaling included
+        # Copy heads: the last query head of each of the last copy_heads key/value groups, so
+        # that each reads its own value (GQA shares one value per group).
+        groups = s.num_heads // s.num_kv_heads
+        self.copy_heads = [s.num_heads - 1 - g * groups for g in range(cfg.copy_heads)][::-1]
 
     def step(
         self,
@@ -66,7 +70,7 @@ class Eagle3Draft(FusedInput):
         """One TTT step. ``hidden`` (B,T,H) is fuse(aux) at step 0, else the previous step's
         output (pre- or post-norm, per ``norm_output``); ``tokens`` (B,T) the next
         ground-truth token of each slot. Each layer's keys are appended to its ``kv`` list;
-        ``probe``, when given, receives the first layer's last-head query and key.
+        ``probe``, when given, receives the first layer's copy heads' queries and keys.
         Returns this step's pre-norm output (B,T,H)."""
         layer = self.layers[0]
         x = torch.cat(
@@ -75,7 +79,7 @@ class Eagle3Draft(FusedInput):
         rope = self.rotary(x, positions)
         q, k, v = layer.self_attn.project(x, rope)
         if probe is not None:
-            probe.append((q[:, -1], k[:, -1]))
+            probe.append((q[:, self.copy_heads], k[:, self.copy_heads]))
         cache = kv[0]
         if not cache:  # step 0: plain causal attention over the real context
             attn = F.scaled_dot_product_attention(q, k, v, is_causal=True)
@@ -98,7 +102,7 @@ class Eagle3Draft(FusedInput):
 
         Step k at slot t takes token x_{t+1+k} at RoPE position t+k. Tokens past the end
         are padded with the last id; their slots are masked out by the loss. ``copy_steps``:
-        also return the last head's query and key at that many first steps.
+        also return the copy heads' queries and keys at that many first steps.
         """
         b, t = input_ids.shape
         hidden = self.fuse(aux)

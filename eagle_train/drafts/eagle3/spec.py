@@ -7,6 +7,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from eagle_train.config import ConfigError
 from eagle_train.data.loader import Batch
 from eagle_train.data.vocab import VocabMapping
 from eagle_train.drafts.base import StepResult, VllmDrafter
@@ -49,6 +50,11 @@ class Eagle3Spec:
         self, cfg: Eagle3Config, target: FrozenTarget, vocab: VocabMapping | None
     ) -> Eagle3Draft:
         desc = target.description
+        if cfg.copy_heads > desc.num_kv_heads:
+            raise ConfigError(
+                f"draft.copy_heads: at most the target's {desc.num_kv_heads} key/value "
+                f"heads (one copy head per group), got {cfg.copy_heads}"
+            )
         vd = len(vocab.d2t) if vocab is not None else desc.vocab_size
         shape = DraftShape.from_target(
             desc,
