@@ -9,6 +9,12 @@
 - ``spans``: spans of random draft-vocabulary tokens written three times, no template: the
   target's next-token accuracy on the second and third copies (it copies by induction)
   against the drafter's first proposal there.
+- ``readout`` (EAGLE-3): per TTT step, teacher-forced as in training, on the supervised slots
+  whose next token is in the draft vocabulary: where an earlier place in the row went on the
+  same way (a copy match, ``drafts/eagle3/copy_loss.py``), how often the copy heads' mean
+  attention peaks on such a place, and how often the drafter's proposal is right when it does
+  and when it does not. Right attention with a wrong proposal: the layer reads the place but
+  does not turn what it reads into the token.
 
 Usage:
   python scripts/copy_diagnosis.py CHECKPOINT DATA --rows 80 --out runs/copy.json \
@@ -24,7 +30,8 @@ import torch
 from compare_estimates import TrainedDraft, checkpoint_parser, load_trained_draft, run_script
 
 from eagle_train.data.loader import PreparedData
-from eagle_train.drafts.eagle_family import draft_ids
+from eagle_train.drafts.eagle3.copy_loss import copy_log_attention, copy_targets
+from eagle_train.drafts.eagle_family import draft_ids, shift_left
 from eagle_train.target import TargetFeatures
 
 
@@ -51,6 +58,48 @@ def copy_rule_counts(ids: list[int], mask: list[int], first: list[int]) -> dict[
     return out
 
 
+READOUT_KEYS = ("slots", "right", "matched", "right_matched", "on_match", "right_on_match")
+
+
+def readout_counts(
+    attention: torch.Tensor, matches: torch.Tensor, right: torch.Tensor, counted: torch.Tensor
+) -> dict[str, int]:
+    """One row, one TTT step. ``attention`` (T, T): slot t's attention over keys;
+    ``matches`` (T, T) bool: the copy matches; ``right`` and ``counted`` (T,) bool: the
+    proposal is right / the slot counts."""
+    matched = counted & matches.any(-1)
+    on_match = matched & matches.gather(1, attention.argmax(-1, keepdim=True))[:, 0]
+    return {
+        "slots": int(counted.sum()),
+        "right": int((right & counted).sum()),
+        "matched": int(matched.sum()),
+        "right_matched": int((right & matched).sum()),
+        "on_match": int(on_match.sum()),
+        "right_on_match": int((right & on_match).sum()),
+    }
+
+
+def copy_readout(
+    loaded: TrainedDraft, features: TargetFeatures, ids: torch.Tensor, mask: list[int]
+):
+    """Per TTT step, ``readout_counts`` of one row (batch of one), teacher-forced."""
+    draft, steps = loaded.draft, loaded.cfg.ttt_steps
+    out = draft(features.aux.to(draft.fc.weight.dtype), ids, steps, steps)
+    t = ids.shape[1]
+    supervised = torch.tensor(mask, dtype=torch.bool)
+    counts = []
+    for s in range(steps):
+        truth = shift_left(ids, 2 + s)[0]
+        proposal = out.logits[s][0].argmax(-1).cpu()
+        counted = torch.zeros(t, dtype=torch.bool)
+        counted[: t - 2 - s] = supervised[2 + s :]
+        counted &= draft.t2d[truth].cpu()
+        attention = copy_log_attention(out.copy_qk, s).exp().mean(1)[0].cpu()
+        right = (proposal + draft.d2t.cpu()[proposal]) == truth
+        counts.append(readout_counts(attention, copy_targets(ids, s)[0].cpu(), right, counted))
+    return counts
+
+
 def first_proposals(loaded: TrainedDraft, features: TargetFeatures, ids: torch.Tensor):
     """(T,) the drafter's first proposal at every slot of one row."""
     return loaded.propose(features, ids, 1)[:, 0]
@@ -63,6 +112,9 @@ def run(args: argparse.Namespace) -> dict:
     rows = min(args.rows, len(data))
     copy = copy_rule_counts([], [], [])  # zeros
     ablation = {name: [0, 0] for name in ["none", *map(str, loaded.layer_ids)]}
+    readout = None
+    if loaded.spec.name == "eagle3":
+        readout = [dict.fromkeys(READOUT_KEYS, 0) for _ in range(loaded.cfg.ttt_steps)]
     for i in range(rows):
         record = data.rows[i]
         ids = torch.tensor([record["input_ids"]])
@@ -70,6 +122,12 @@ def run(args: argparse.Namespace) -> dict:
         first = first_proposals(loaded, features, ids)
         counts = copy_rule_counts(record["input_ids"], record["loss_mask"], first.tolist())
         copy = {k: copy[k] + v for k, v in counts.items()}
+        if readout is not None:
+            for total, row in zip(
+                readout, copy_readout(loaded, features, ids, record["loss_mask"]), strict=True
+            ):
+                for k, v in row.items():
+                    total[k] += v
         width = features.aux.shape[-1] // len(loaded.layer_ids)
         supervised = torch.tensor(record["loss_mask"][2:]).bool()
         for j, name in enumerate(ablation):
@@ -88,6 +146,7 @@ def run(args: argparse.Namespace) -> dict:
         "copy": copy,
         "ablation": {k: right / max(n, 1) for k, (right, n) in ablation.items()},
         "spans": repeated_spans(loaded, args.spans, args.span_length),
+        "readout": readout,
     }
 
 
@@ -112,6 +171,22 @@ def repeated_spans(loaded: TrainedDraft, count: int, length: int) -> dict[str, f
     return {"slots": slots, "target": target_right / slots, "drafter": drafter_right / slots}
 
 
+def readout_line(step: int, r: dict[str, int]) -> str:
+    def share(right: int, of: int) -> str:
+        return f"{right / max(of, 1):.3f}"
+
+    elsewhere = r["matched"] - r["on_match"]
+    return (
+        f"step {step} (teacher-forced, next token in the draft vocabulary, {r['slots']} slots): "
+        f"right {share(r['right'], r['slots'])}; a copy match at "
+        f"{share(r['matched'], r['slots'])}, right there "
+        f"{share(r['right_matched'], r['matched'])}; the copy heads peak on a match at "
+        f"{share(r['on_match'], r['matched'])} of those, right then "
+        f"{share(r['right_on_match'], r['on_match'])}, right otherwise "
+        f"{share(r['right_matched'] - r['right_on_match'], elsewhere)}"
+    )
+
+
 def table(report: dict) -> str:
     c, s = report["copy"], report["spans"]
     n, applies = max(c["slots"], 1), max(c["rule_applies"], 1)
@@ -119,6 +194,7 @@ def table(report: dict) -> str:
         f"{'all layers' if k == 'none' else 'layer ' + k + ' zeroed'} {v:.3f}"
         for k, v in report["ablation"].items()
     )
+    lines = [readout_line(step, r) for step, r in enumerate(report.get("readout") or [])]
     return "\n".join(
         [
             f"{report['rows']} rows, {c['slots']} supervised slots",
@@ -129,6 +205,7 @@ def table(report: dict) -> str:
             f"first-proposal accuracy: {ablation}",
             f"random spans written 3 times ({s['slots']} slots): target {s['target']:.3f}, "
             f"drafter {s['drafter']:.3f}",
+            *lines,
         ]
     )
 

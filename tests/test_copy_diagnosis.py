@@ -82,6 +82,9 @@ def test_the_diagnoses_run_on_a_drafter_trained_on_a_mixture(
     copy = json.loads((tmp_path / "copy_diagnosis.py.json").read_text())
     assert copy["rows"] == 3 and copy["spans"]["slots"] == 2 * (2 * 8 - 2)
     assert list(copy["ablation"]) == ["none", "1", "2", "3"]  # the demo config's aux layers
+    assert len(copy["readout"]) == 3  # the demo config's ttt_steps
+    for r in copy["readout"]:
+        assert 0 < r["slots"] and r["right_on_match"] <= r["on_match"] <= r["matched"] <= r["slots"]
     missing = subprocess.run(
         [sys.executable, "scripts/copy_diagnosis.py", tmp_path / "nope", small, "--out", report],
         cwd=REPO,

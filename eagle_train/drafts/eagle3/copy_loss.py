@@ -48,22 +48,29 @@ def copy_targets(input_ids: Tensor, step: int = 0) -> Tensor:
     return same_token & same_next & (cols <= rows) & (cols >= 1)
 
 
+def copy_log_attention(probed: list[tuple[Tensor, Tensor]], step: int) -> Tensor:
+    """(B, N, T, T) fp32 log attention of the copy heads at TTT step ``step`` over the context
+    keys (the chain keys of steps 1..step share the softmax). ``probed[s]``: the heads'
+    queries and keys (B, N, T, D) at step s, rotary applied; the scores are those
+    training-time-test attention computes (``chain_scores``)."""
+    context, q = probed[0][1], probed[step][0]
+    b, n, t, d = context.shape
+    chain = [k for _, k in probed[1 : step + 1]]
+    chain_keys = torch.stack(chain, dim=3) if chain else context.new_empty(b, n, t, 0, d)
+    scores = chain_scores(q.float(), context, chain_keys, 0, 1 / math.sqrt(d))
+    return torch.log_softmax(scores, dim=-1)[..., :t]
+
+
 def copy_attention_loss(
     probed: list[tuple[Tensor, Tensor]], input_ids: Tensor, loss_mask: Tensor, lengths: Tensor
 ) -> CopyStats:
-    """``probed[s]``: the copy heads' queries and keys (B, N, T, D) at TTT step s, rotary
-    applied. Step 0's keys are the context keys; steps 1..s's are slot t's chain. The scores
-    are those training-time-test attention computes (``chain_scores``). Loss and mass are
-    means over the N heads too."""
+    """``probed[s]``: the copy heads' queries and keys (B, N, T, D) at TTT step s (see
+    ``copy_log_attention``). Loss and mass are means over the N heads too."""
     losses, masses, counts = [], [], []
-    context = probed[0][1]
-    b, n, t, d = context.shape
-    causal = torch.ones(t, t, dtype=torch.bool, device=context.device).tril()
-    for step, (q, _) in enumerate(probed):
-        chain = [k for _, k in probed[1 : step + 1]]
-        chain_keys = torch.stack(chain, dim=3) if chain else context.new_empty(b, n, t, 0, d)
-        scores = chain_scores(q.float(), context, chain_keys, 0, 1 / math.sqrt(d))
-        logp = torch.log_softmax(scores, dim=-1)[..., :t]  # (B, N, T, T)
+    t = input_ids.shape[1]
+    causal = torch.ones(t, t, dtype=torch.bool, device=input_ids.device).tril()
+    for step in range(len(probed)):
+        logp = copy_log_attention(probed, step)
         matches = copy_targets(input_ids, step)
         has_match = matches.any(-1)
         target = matches.float()
