@@ -148,3 +148,37 @@ def test_per_prompt_records_keep_what_recomputes_it(tmp_path: Path) -> None:
     )
     assert by_hand == pytest.approx(2.0)
     assert summary["drafters"]["half"]["overall"]["tokens_per_target_step"] == by_hand
+
+
+def test_paired_statistics_per_turn_with_requests_better_and_worse() -> None:
+    def turn2(r: dict) -> dict:
+        return {**r, "turn": 2}
+
+    # tokens per target step = (new_tokens - 1) / (new_tokens - 1 - accepted), by hand:
+    # turn 1 as RECORDS: half 2.0, 2.0; every 2.2, 2.4 -> differences +0.2, +0.4
+    # turn 2: half 2.0, 2.0; every 20 / 10 = 2.0 (a tie), 18 / 12 = 1.5 -> 0.0, -0.5
+    records = RECORDS + [
+        turn2(rec("target", "p1", "writing", 21, 0, 0)),
+        turn2(rec("target", "p2", "coding", 19, 0, 0)),
+        turn2(rec("half", "p1", "writing", 21, 5, 10)),
+        turn2(rec("half", "p2", "coding", 25, 6, 12)),
+        turn2(rec("every", "p1", "writing", 21, 10, 10)),
+        turn2(rec("every", "p2", "coding", 19, 9, 6)),
+    ]
+    (paired,) = summarize(_run(records))["paired"]
+    # all four: mean (0.2 + 0.4 + 0.0 - 0.5) / 4; better on 2, worse on 1, one tie
+    assert paired["n"] == 4 and paired["mean"] == pytest.approx(0.025)
+    assert (paired["b_better"], paired["b_worse"]) == (2, 1)
+    one, two = paired["turns"]["1"], paired["turns"]["2"]
+    assert one["n"] == 2 and one["mean"] == pytest.approx(0.3) and one["t"] == pytest.approx(3.0)
+    assert (one["b_better"], one["b_worse"]) == (2, 0)
+    # turn 2: differences 0.0, -0.5: sd 0.3536, sem 0.25, t -1.0
+    assert two["mean"] == pytest.approx(-0.25) and two["t"] == pytest.approx(-1.0)
+    assert (two["b_better"], two["b_worse"]) == (0, 1)
+    md = to_markdown(summarize(_run(records)))
+    assert "over 4 requests: mean +0.025" in md and "better on 2, worse on 1" in md
+    assert "- turn 2 (2 requests): mean -0.250, t = -1.00" in md
+    # one turn: no per-turn lines
+    (single,) = summarize(_run(RECORDS))["paired"]
+    assert single["turns"] == {}
+    assert "- turn 1" not in to_markdown(summarize(_run(RECORDS)))

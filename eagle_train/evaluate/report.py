@@ -144,6 +144,9 @@ def _tokens_per_s(rows: list[dict]) -> float:
 
 
 def _paired(run: EvalRun, by_model: dict[str, list[dict]]) -> list[dict[str, Any]]:
+    """Each later drafter against the first, per request on tokens per target step: over all
+    requests and, with more than one turn, per turn (turn 2 follows the target's own first
+    answer, so its text differs: n-gram lookup gains most there)."""
     if len(run.drafters) < 2:
         return []
     key = lambda r: (r["id"], r["turn"])  # noqa: E731
@@ -151,18 +154,43 @@ def _paired(run: EvalRun, by_model: dict[str, list[dict]]) -> list[dict[str, Any
     out = []
     for info in run.drafters[1:]:
         rows = by_model[str(info.path)]
-        a = [base[key(r)] for r in rows]
-        b = [request_tokens_per_step(r) for r in rows]
-        d = paired_difference(a, b)
+        turns = sorted({r["turn"] for r in rows})
+        by_turn = {
+            str(t): _difference(base, [r for r in rows if r["turn"] == t], key) for t in turns
+        }
         out.append(
             {
                 "a": str(run.drafters[0].path),
                 "b": str(info.path),
                 "metric": "tokens_per_target_step",
-                **d.__dict__,
+                **_difference(base, rows, key),
+                "turns": by_turn if len(turns) > 1 else {},
             }
         )
     return out
+
+
+def _difference(base: dict, rows: list[dict], key: Any) -> dict[str, Any]:
+    """The paired statistics of b - a over ``rows`` (b's records), and on how many requests
+    b's tokens per target step is higher (``b_better``) and lower (``b_worse``) than a's."""
+    a = [base[key(r)] for r in rows]
+    b = [request_tokens_per_step(r) for r in rows]
+    out: dict[str, Any] = {"n": len(rows), "mean": None}
+    if len(rows) >= 2:
+        out.update(paired_difference(a, b).__dict__)
+    out["b_better"] = sum(y > x for x, y in zip(a, b, strict=True))
+    out["b_worse"] = sum(y < x for x, y in zip(a, b, strict=True))
+    return out
+
+
+def _paired_line(p: dict[str, Any]) -> str:
+    if p["mean"] is None:
+        return f"{p['n']} request(s): too few to pair"
+    return (
+        f"mean {p['mean']:+.3f}, t = {p['t']:.2f}, p = {p['p_value']:.3g}, "
+        f"95% CI [{p['ci_low']:+.3f}, {p['ci_high']:+.3f}]; "
+        f"better on {p['b_better']}, worse on {p['b_worse']}"
+    )
 
 
 def to_markdown(summary: dict[str, Any], title: str = "Acceptance length") -> str:
@@ -200,10 +228,10 @@ def to_markdown(summary: dict[str, Any], title: str = "Acceptance length") -> st
     for p in summary["paired"]:
         lines.append(
             f"Paired difference in tokens per target step ({p['b']} - {p['a']}) over "
-            f"{p['n']} requests: "
-            f"mean {p['mean']:+.3f}, t = {p['t']:.2f}, p = {p['p_value']:.3g}, "
-            f"95% CI [{p['ci_low']:+.3f}, {p['ci_high']:+.3f}]"
+            f"{p['n']} requests: {_paired_line(p)}"
         )
+        for turn, q in p.get("turns", {}).items():
+            lines.append(f"- turn {turn} ({q['n']} requests): {_paired_line(q)}")
     if "greedy" in summary:
         lines += [
             "",
