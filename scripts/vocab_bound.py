@@ -19,11 +19,10 @@ ids of the prepared data) against the target-alone answers of an `eval-acceptanc
 from __future__ import annotations
 
 import argparse
-import json
-from collections import defaultdict
 from pathlib import Path
 
 from eagle_train.data import build_vocab_mapping, load_token_counts
+from eagle_train.evaluate.report import read_requests
 from eagle_train.evaluate.steps import request_tokens_per_step
 
 
@@ -49,11 +48,7 @@ def main() -> None:
     ap.add_argument("--k", type=int, default=3, help="draft tokens per step (the eval's K)")
     args = ap.parse_args()
 
-    requests: dict[tuple[str, int], dict[str, dict]] = defaultdict(dict)
-    for line in (args.eval_dir / "per_prompt.jsonl").read_text().splitlines():
-        row = json.loads(line)
-        requests[(row["id"], row["turn"])][row["model"]] = row
-    requests = {key: r for key, r in requests.items() if "target" in r}
+    requests = {key: r for key, r in read_requests(args.eval_dir).items() if "target" in r}
     answers = {key: r["target"]["output"][1:] for key, r in requests.items()}
     proposers = sorted({m for r in requests.values() for m in r} - {"target"})
     counts = load_token_counts(args.counts)

@@ -151,32 +151,34 @@ def _paired(run: EvalRun, by_model: dict[str, list[dict]]) -> list[dict[str, Any
         return []
     key = lambda r: (r["id"], r["turn"])  # noqa: E731
     base = {key(r): request_tokens_per_step(r) for r in by_model[str(run.drafters[0].path)]}
+
+    def versus(part: list[dict]) -> dict[str, Any]:
+        return paired_summary(
+            [base[key(r)] for r in part], [request_tokens_per_step(r) for r in part]
+        )
+
     out = []
     for info in run.drafters[1:]:
         rows = by_model[str(info.path)]
         turns = sorted({r["turn"] for r in rows})
-        by_turn = {
-            str(t): _difference(base, [r for r in rows if r["turn"] == t], key) for t in turns
-        }
+        by_turn = {str(t): versus([r for r in rows if r["turn"] == t]) for t in turns}
         out.append(
             {
                 "a": str(run.drafters[0].path),
                 "b": str(info.path),
                 "metric": "tokens_per_target_step",
-                **_difference(base, rows, key),
+                **versus(rows),
                 "turns": by_turn if len(turns) > 1 else {},
             }
         )
     return out
 
 
-def _difference(base: dict, rows: list[dict], key: Any) -> dict[str, Any]:
-    """The paired statistics of b - a over ``rows`` (b's records), and on how many requests
-    b's tokens per target step is higher (``b_better``) and lower (``b_worse``) than a's."""
-    a = [base[key(r)] for r in rows]
-    b = [request_tokens_per_step(r) for r in rows]
-    out: dict[str, Any] = {"n": len(rows), "mean": None}
-    if len(rows) >= 2:
+def paired_summary(a: list[float], b: list[float]) -> dict[str, Any]:
+    """The paired statistics of b - a (mean None under two pairs), and on how many pairs b is
+    higher (``b_better``) and lower (``b_worse``) than a."""
+    out: dict[str, Any] = {"n": len(a), "mean": None}
+    if len(a) >= 2:
         out.update(paired_difference(a, b).__dict__)
     out["b_better"] = sum(y > x for x, y in zip(a, b, strict=True))
     out["b_worse"] = sum(y < x for x, y in zip(a, b, strict=True))
@@ -336,6 +338,16 @@ def is_report_dir(path: Path) -> bool:
         and {"drafters", "baseline_tokens_per_s"} <= summary.keys()
         and (Path(path) / "per_prompt.jsonl").is_file()
     )
+
+
+def read_requests(eval_dir: Path) -> dict[tuple[str, int], dict[str, dict]]:
+    """An evaluation's ``per_prompt.jsonl`` by request: (prompt id, turn) -> model -> record
+    (model: "target", "ngram" or a drafter's path as served)."""
+    requests: dict[tuple[str, int], dict[str, dict]] = {}
+    for line in (Path(eval_dir) / "per_prompt.jsonl").read_text().splitlines():
+        row = json.loads(line)
+        requests.setdefault((row["id"], row["turn"]), {})[row["model"]] = row
+    return requests
 
 
 def write_report(run: EvalRun, out_dir: Path, overwrite: bool = False) -> dict[str, Any]:
