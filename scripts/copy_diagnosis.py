@@ -31,7 +31,7 @@ from compare_estimates import TrainedDraft, checkpoint_parser, load_trained_draf
 
 from eagle_train.data.loader import PreparedData
 from eagle_train.drafts.eagle3.copy_loss import copy_log_attention, copy_targets
-from eagle_train.drafts.eagle_family import draft_ids, shift_left
+from eagle_train.drafts.eagle_family import draft_ids, shift_left, valid_slots
 from eagle_train.target import TargetFeatures
 
 
@@ -85,17 +85,14 @@ def copy_readout(
     """Per TTT step, ``readout_counts`` of one row (batch of one), teacher-forced."""
     draft, steps = loaded.draft, loaded.cfg.ttt_steps
     out = draft(features.aux.to(draft.fc.weight.dtype), ids, steps, steps)
-    t = ids.shape[1]
-    supervised = torch.tensor(mask, dtype=torch.bool)
+    loss_mask, lengths = torch.tensor([mask]), torch.tensor([ids.shape[1]])
+    to_target = draft_ids(draft).cpu()
     counts = []
     for s in range(steps):
         truth = shift_left(ids, 2 + s)[0]
-        proposal = out.logits[s][0].argmax(-1).cpu()
-        counted = torch.zeros(t, dtype=torch.bool)
-        counted[: t - 2 - s] = supervised[2 + s :]
-        counted &= draft.t2d[truth].cpu()
+        counted = valid_slots(loss_mask, lengths, s)[0] & draft.t2d[truth].cpu()
         attention = copy_log_attention(out.copy_qk, s).exp().mean(1)[0].cpu()
-        right = (proposal + draft.d2t.cpu()[proposal]) == truth
+        right = to_target[out.logits[s][0].argmax(-1).cpu()] == truth
         counts.append(readout_counts(attention, copy_targets(ids, s)[0].cpu(), right, counted))
     return counts
 
