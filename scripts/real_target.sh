@@ -8,9 +8,10 @@
 #      first PROMPTS conversations train; the last HOLDOUT are only the prompts the training
 #      probe measures on (never MT-Bench, the test set).
 #   3. prepare-features: the target runs once per row (the feature cache)
-#   4. train-draft EAGLE-3 (K=3, a 4096-token draft vocabulary, copy supervision with two copy heads) for EPOCHS epochs from the
-#      cache; every quarter of the run vLLM serves the current draft on the held-out prompts
-#      and the checkpoint with the most tokens per target step is kept as best/
+#   4. train-draft EAGLE-3 (K=3, a 4096-token draft vocabulary, copy supervision with two
+#      copy heads) for EPOCHS epochs from the cache; every quarter of the run vLLM serves the
+#      current draft on the held-out prompts and the checkpoint with the most tokens per
+#      target step is kept as best/
 #   5. export-draft best/, and floors: a random-init drafter of the same shape (lr 0, one
 #      step) and vLLM's n-gram proposer
 #   6. eval-acceptance on MT-Bench (both turns, n-gram first): tokens per target step, AL,
