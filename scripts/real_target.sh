@@ -17,10 +17,11 @@
 #   6. eval-acceptance on MT-Bench (both turns, n-gram first): tokens per target step, AL,
 #      per-position acceptance, greedy equality, paired per-request differences against
 #      n-gram (interleave=false serves the target alone once)
-# BUDGET=default is sized for about 90 minutes on 2 cores of an Intel Xeon with AMX (on an AMD
-# EPYC without AMX, data, features and training without probes took 109 minutes:
-# docs/results/2026-12-04-copy-steps.md): 4,064 conversations and 2 epochs
-# where the CPU has bf16 units (docs/results/2026-12-03-smollm2-amx.md), 480 and 4 epochs with
+# BUDGET=default is sized for about 90 minutes on 2 cores of an Intel Xeon with AMX: 4,064
+# conversations and 3 epochs where the CPU has bf16 units (2 epochs took 63 minutes to the end
+# of training there: docs/results/2026-12-03-smollm2-amx.md; the third epoch beat n-gram on
+# MT-Bench where the second tied: docs/results/2026-12-05-three-epochs.md; on an AMD EPYC
+# without AMX the same data, features and training take about 2 hours), 480 and 4 epochs with
 # the fp32 target elsewhere (105 minutes with other jobs on the machine:
 # docs/results/2026-12-01-recipe.md). BUDGET=large writes 4x the prompts and evaluates all of
 # MT-Bench: a longer run.
@@ -49,7 +50,7 @@ fi
 # faster than one without (docs/results/2026-12-03-smollm2-amx.md), so it gets more data.
 BUDGET=${BUDGET:-default}
 case $BUDGET:$DTYPE in
-    default:bfloat16) PROMPTS=4064 EPOCHS=2 EVERY=4 ;;
+    default:bfloat16) PROMPTS=4064 EPOCHS=3 EVERY=4 ;;
     default:*) PROMPTS=480 EPOCHS=4 EVERY=4 ;;
     large:bfloat16) PROMPTS=16352 EPOCHS=2 EVERY=1 ;;
     large:*) PROMPTS=2016 EPOCHS=4 EVERY=1 ;;
