@@ -17,20 +17,23 @@
 #   6. eval-acceptance on MT-Bench (both turns, n-gram first): tokens per target step, AL,
 #      per-position acceptance, greedy equality, paired per-request differences against
 #      n-gram (interleave=false serves the target alone once)
-# BUDGET=default is sized for about 90 minutes on 2 cores of an Intel Xeon with AMX: 4,064
-# conversations and 3 epochs where the CPU has bf16 units (2 epochs took 63 minutes to the end
-# of training there: docs/results/2026-12-03-smollm2-amx.md; the third epoch beat n-gram on
-# MT-Bench where the second tied: docs/results/2026-12-05-three-epochs.md; on an AMD EPYC
-# without AMX the same data, features and training take about 2 hours), 480 and 4 epochs with
-# the fp32 target elsewhere (105 minutes with other jobs on the machine:
-# docs/results/2026-12-01-recipe.md). BUDGET=large writes 4x the prompts and evaluates all of
-# MT-Bench: a longer run.
+# BUDGET=default is sized for about 90 minutes of data and training on 2 cores of an Intel
+# Xeon with AMX: 4,064 conversations and 3 epochs where the CPU has bf16 units (2 epochs took
+# 63 minutes to the end of training there: docs/results/2026-12-03-smollm2-amx.md; the third
+# epoch beat n-gram on MT-Bench where the second tied: docs/results/2026-12-05-three-epochs.md;
+# half the conversations for 6 epochs lost part of that: docs/results/2026-12-05-half-data.md;
+# on an AMD EPYC without AMX data, features and training take about 2 hours), then evaluated on
+# all 80 MT-Bench questions (17-31 minutes more; 40 requests leave the paired CI against n-gram
+# too wide to clear zero); 480 conversations and 4 epochs with the fp32 target elsewhere (105
+# minutes with other jobs on the machine: docs/results/2026-12-01-recipe.md). BUDGET=large
+# writes 4x the prompts: a longer run.
 #   EAGLE_TRAIN_REAL_TARGET=DIR  use an already converted copy (DIR/bf16, DIR/fp32)
 #   NO_SETUP=1                   use the commands already on PATH instead of scripts/setup_cpu.sh
 #   DTYPE=float32|bfloat16       the target's dtype everywhere (default: bfloat16 where the CPU
 #                                has bf16 units, float32 otherwise: 3.5x faster there)
-#   EVAL_EVERY=N                 every Nth MT-Bench question (default: 4, i.e. 20 questions of all
-#                                8 categories; large: all 80); EVAL_NEW tokens per answer (64)
+#   EVAL_EVERY=N                 every Nth MT-Bench question (default: 1, all 80 questions; 4 with
+#                                the fp32 target: 20 questions of all 8 categories); EVAL_NEW
+#                                tokens per answer (64)
 #   EVAL_ALSO="DIR ..."          more drafters to measure in the same run (paired with the rest)
 # A rerun continues: prepared data and features are kept (remove them to redo them),
 # training resumes from its newest checkpoint, the evaluation is measured again.
@@ -50,7 +53,7 @@ fi
 # faster than one without (docs/results/2026-12-03-smollm2-amx.md), so it gets more data.
 BUDGET=${BUDGET:-default}
 case $BUDGET:$DTYPE in
-    default:bfloat16) PROMPTS=4064 EPOCHS=3 EVERY=4 ;;
+    default:bfloat16) PROMPTS=4064 EPOCHS=3 EVERY=1 ;;
     default:*) PROMPTS=480 EPOCHS=4 EVERY=4 ;;
     large:bfloat16) PROMPTS=16352 EPOCHS=2 EVERY=1 ;;
     large:*) PROMPTS=2016 EPOCHS=4 EVERY=1 ;;
