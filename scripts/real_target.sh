@@ -31,9 +31,9 @@
 #   NO_SETUP=1                   use the commands already on PATH instead of scripts/setup_cpu.sh
 #   DTYPE=float32|bfloat16       the target's dtype everywhere (default: bfloat16 where the CPU
 #                                has bf16 units, float32 otherwise: 3.5x faster there)
-#   EVAL_EVERY=N                 every Nth MT-Bench question (default: 1, all 80 questions; 4 with
-#                                the fp32 target: 20 questions of all 8 categories); EVAL_NEW
-#                                tokens per answer (64)
+#   EVAL_EVERY=N                 every Nth MT-Bench question (default: 1, all 80 questions; 4 for
+#                                BUDGET=default with the fp32 target: 20 questions of all 8
+#                                categories); EVAL_NEW tokens per answer (64)
 #   EVAL_ALSO="DIR ..."          more drafters to measure in the same run (paired with the rest)
 # A rerun continues: prepared data and features are kept (remove them to redo them),
 # training resumes from its newest checkpoint, the evaluation is measured again.
