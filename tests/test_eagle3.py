@@ -105,8 +105,11 @@ def test_loss_uses_target_distribution_restricted_to_draft_vocab() -> None:
     target_logits = torch.randn(1, length, vocab)
     draft_logits = [torch.randn(1, length, vd)]
     mask, lengths = torch.ones(1, length, dtype=torch.long), torch.tensor([length])
-    stats = eagle3_loss(draft_logits, target_logits, mask, lengths, d2t, 0.8)
     ids = torch.tensor([1, 3, 5, 6])
+    greedy = target_logits.argmax(-1)
+    stats = eagle3_loss(
+        draft_logits, target_logits[..., ids], greedy, vocab, mask, lengths, d2t, 0.8
+    )
     expected = []
     for t in range(length - 2):  # slots whose x_{t+2} exists
         p = torch.softmax(target_logits[0, t + 1, ids], -1)
@@ -130,7 +133,8 @@ def test_drop_out_of_vocab_leaves_out_slots_the_draft_cannot_propose() -> None:
         p = torch.softmax(target_logits[0, t + 1 + step, ids], -1)
         return -(p * torch.log_softmax(draft_logits[step][0, t], -1)).sum()
 
-    stats = eagle3_loss(draft_logits, target_logits, mask, lengths, d2t, 0.5, True)
+    target_draft, greedy = target_logits[..., ids], target_logits.argmax(-1)
+    stats = eagle3_loss(draft_logits, target_draft, greedy, vocab, mask, lengths, d2t, 0.5, True)
     # step 0: slots 0..3 read positions 1..4 -> kept 0 and 2; step 1: slots 0..2 read
     # positions 2..4 -> kept 1 (position 3). Weights 0.5^k normalised: 2/3, 1/3.
     step0 = (soft_ce(0, 0) + soft_ce(0, 2)) / 2
@@ -138,7 +142,7 @@ def test_drop_out_of_vocab_leaves_out_slots_the_draft_cannot_propose() -> None:
     assert stats.loss.item() == pytest.approx((2 / 3 * step0 + 1 / 3 * step1).item(), rel=1e-5)
     # metrics still count every supervised slot (what serving would see)
     assert stats.valid[0].int().tolist() == [[1, 1, 1, 1, 0, 0]]
-    kept = eagle3_loss(draft_logits, target_logits, mask, lengths, d2t, 0.5, False)
+    kept = eagle3_loss(draft_logits, target_draft, greedy, vocab, mask, lengths, d2t, 0.5, False)
     all0 = torch.stack([soft_ce(0, t) for t in range(4)]).mean()
     assert kept.step_losses[0] == pytest.approx(all0.item(), rel=1e-5)
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -15,6 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import draft_vocab_sets
+from transformers import AutoModelForCausalLM
 from typer.testing import CliRunner
 
 from eagle_train.cli import prepare_features_app, train_draft_app
@@ -100,6 +102,42 @@ def test_cached_rows_equal_the_targets_own_features(tiny_world, tiny_llama_data,
             torch.testing.assert_close(a, b, atol=0.02, rtol=0.02)
         assert got.aux.shape == want.aux.shape and got.logits.dtype == want.logits.dtype
         assert not got.final[~real].any()  # padding is zeros, never another row's tokens
+
+
+def test_cached_greedy_tokens_and_vocabulary_logits_are_transformers_own(
+    tiny_world, tiny_llama_data, cache, tmp_path
+):
+    # The reference is transformers' own forward of the target (not FrozenTarget): the argmax
+    # greedy verification accepts, and the logits of the rows a draft vocabulary asks for.
+    path = tiny_world / "targets" / "llama" / "bf16"
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16).eval()
+    head = load_target_head(path, torch.bfloat16, torch.device("cpu")).lm_head()
+    ids = torch.tensor([5, 0, 17, 3, 40])
+    data = PreparedData(tiny_llama_data)
+    batch = BatchLoader(data, 3, seed=2, pad_id=0, max_length=96).next()
+    real = batch.attention_mask.bool()
+    with torch.no_grad():
+        ref = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
+    ref = ref.float()
+    top2 = ref.topk(2, dim=-1).values
+    clear = real & (top2[..., 0] - top2[..., 1] > 0.05)  # no near-tie bf16 batching can flip
+    assert clear.sum() > 0.8 * real.sum()
+
+    # format 2 stores the greedy tokens; format 1 (copied, manifest rewritten) recomputes them
+    old = tmp_path / "v1"
+    shutil.copytree(cache / "train", old)
+    manifest = json.loads((old / "manifest.json").read_text())
+    (old / "manifest.json").write_text(json.dumps({**manifest, "format_version": 1}))
+    for split, stored in ((cache / "train", True), (old, False)):
+        got = CachedFeatures(FeatureCache(split), head, [1, 2, 3], torch.device("cpu"))
+        features = got.for_batch(batch)
+        assert (features.stored_greedy is not None) == stored
+        assert torch.equal(features.greedy[clear], ref.argmax(-1)[clear])
+        torch.testing.assert_close(
+            features.logits_of(ids)[real].float(), ref[..., ids][real], atol=0.05, rtol=0.02
+        )
+        # with the greedy tokens stored, the full (B, T, V) logits are never computed
+        assert ("logits" in features.__dict__) != stored
 
 
 def test_head_only_target_holds_no_decoder_weights(tiny_world):

@@ -72,6 +72,13 @@ def test_prepare_features_resumes_only_into_the_same_layer_set(held: str, tmp_pa
         open_split(out, identity(RUN), is_main=True)
 
 
+def test_prepare_features_does_not_resume_into_an_older_format(tmp_path: Path) -> None:
+    out = tmp_path / "features"
+    open_split(out, {**identity(RUN), "format_version": 1}, is_main=True)  # no greedy tokens
+    with pytest.raises(FeatureCacheError, match="format 1"):
+        open_split(out, {**identity(RUN), "format_version": 2}, is_main=True)
+
+
 FIXTURE = REPO / "tests" / "assets" / "speculators" / "eagle3-llama-tiny"  # aux [1, 2, 3]
 
 

@@ -25,7 +25,8 @@ def test_eagle3_loss_k3_matches_a_hand_reference() -> None:
     draft_logits = [torch.randn(b, t, len(ids)) for _ in range(3)]
     loss_mask = torch.tensor([[0, 0, 1, 1, 1, 0, 1, 1, 1], [0, 1, 1, 1, 1, 1, 1, 0, 0]])
     lengths = torch.tensor([9, 7])
-    stats = eagle3_loss(draft_logits, target_logits, loss_mask, lengths, d2t, 0.8)
+    target_draft, greedy = target_logits[..., ids], target_logits.argmax(-1)
+    stats = eagle3_loss(draft_logits, target_draft, greedy, vocab, loss_mask, lengths, d2t, 0.8)
 
     total = 0.0
     for k in range(3):

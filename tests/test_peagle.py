@@ -116,11 +116,9 @@ def test_deep_counts_do_not_compound() -> None:
 
 
 def test_in_vocab_elements_read_the_target_argmax_at_a_plus_1_plus_d() -> None:
-    logits = torch.zeros(1, 5, 6)
-    for pos, top in enumerate((0, 1, 4, 3, 2)):  # argmax per position
-        logits[0, pos, top] = 1.0
-    # draft vocab = target ids {1, 3}; element (a, d) reads position min(a+1+d, 4)
-    got = in_vocab_elements(logits, torch.tensor([1, 3]), 2)
+    argmax = torch.tensor([[0, 1, 4, 3, 2]])  # the target's argmax per position
+    # draft vocab = target ids {1, 3} of 6; element (a, d) reads position min(a+1+d, 4)
+    got = in_vocab_elements(argmax, torch.tensor([1, 3]), 2, 6)
     assert got[0].int().tolist() == [[1, 0], [0, 1], [1, 0], [0, 0], [0, 0]]
 
 

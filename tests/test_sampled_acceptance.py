@@ -11,6 +11,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from torch import nn
 
 from eagle_train.data.loader import Batch
 from eagle_train.drafts.eagle3.config import Eagle3Config
@@ -106,7 +107,8 @@ def test_sampled_estimate_equals_a_brute_force_replay(sampling: tuple) -> None:
     loss_mask[1, 4] = 0  # x_4 of row 1 is not an assistant token
     lengths = torch.tensor([length, 8])
     logits = torch.tensor(TARGET_LOGITS)[ids]  # position i predicts x_{i+1}
-    features = TargetFeatures(aux=torch.zeros(2, length, 1), final=torch.zeros(1), logits=logits)
+    # the head is the identity: the target's logits are these
+    features = TargetFeatures(aux=torch.zeros(2, length, 1), final=logits, head=nn.Identity())
     batch = Batch(ids, loss_mask, torch.ones_like(ids), lengths)
     got = sampled_acceptance_metrics(ChainSpec(), None, features, batch, None, k_max, sampling)
 

@@ -7,7 +7,9 @@ One split (``train`` or ``val``) is one directory:
   ranges). A later run that resumes into the directory must present the same identity.
 - ``shard-NNNNN.safetensors``: rows ``[start, end)`` of the dataset, their tokens
   concatenated: ``hidden.K`` (N, H) for each layer count K, ``final`` (N, H) the last
-  hidden state after the final norm, ``offsets`` (rows + 1,) int64. Written to a temporary
+  hidden state after the final norm, ``greedy`` (N,) int32 the target's argmax next token
+  (format 2; a format 1 cache lacks it and the trainer recomputes it from the full logits
+  every step), ``offsets`` (rows + 1,) int64. Written to a temporary
   name, fsynced and renamed, then its ``shard-NNNNN.json`` (bytes, sha256, rows, tokens):
   a shard with both files is complete, anything else is redone.
 - ``manifest.json``: the identity plus every shard's size and sha256, written (atomically)
@@ -35,7 +37,8 @@ from eagle_train.fsutil import confined
 IDENTITY = "identity.json"
 MANIFEST = "manifest.json"
 FORMAT = "eagle-train-features"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+READABLE_VERSIONS = (1, 2)  # 1: no greedy tokens
 
 
 class FeatureCacheError(UserError, ValueError):
@@ -132,10 +135,10 @@ class FeatureCache:
                 why = "not a feature cache (run prepare-features)"
             raise FeatureCacheError(f"{self.path}: {why}: no {MANIFEST}")
         self.manifest = json.loads(manifest_file.read_text())
-        if self.manifest.get("format_version") != FORMAT_VERSION:
+        if self.manifest.get("format_version") not in READABLE_VERSIONS:
             raise FeatureCacheError(
                 f"{manifest_file}: format_version {self.manifest.get('format_version')}, "
-                f"this code reads {FORMAT_VERSION}"
+                f"this code reads {' or '.join(map(str, READABLE_VERSIONS))}"
             )
         self.starts = [start for start, _ in self.manifest["shards"]]
         if check_sizes:
@@ -155,6 +158,11 @@ class FeatureCache:
     @property
     def num_rows(self) -> int:
         return self.manifest["shards"][-1][1] if self.starts else 0
+
+    @property
+    def has_greedy(self) -> bool:
+        """The target's greedy tokens are stored (format 2)."""
+        return self.manifest["format_version"] >= 2
 
     def check(self, expected: dict[str, Any]) -> None:
         problems = mismatches(expected, self.manifest)
@@ -187,8 +195,8 @@ class FeatureCache:
         return self._open[index]
 
     def row(self, row: int, length: int, names: list[str]) -> list[Tensor]:
-        """The first ``length`` tokens of dataset row ``row``: one (length, H) tensor per
-        name (``hidden.K`` or ``final``), read from the memory map."""
+        """The first ``length`` tokens of dataset row ``row``: one tensor per name, (length,
+        H) for ``hidden.K`` and ``final``, (length,) for ``greedy``, read from the memory map."""
         index = bisect.bisect_right(self.starts, row) - 1
         handle, offsets = self._shard(index)
         local = row - self.starts[index]
@@ -206,6 +214,7 @@ class CacheChain:
 
     def __init__(self, caches: list[FeatureCache]) -> None:
         self.caches = caches
+        self.has_greedy = all(cache.has_greedy for cache in caches)
         self.starts = [0]
         for cache in caches[:-1]:
             self.starts.append(self.starts[-1] + cache.num_rows)
@@ -235,11 +244,10 @@ def _sha256(file: Path) -> str:
 
 
 def stack_rows(rows: list[list[Tensor]], total: int) -> list[Tensor]:
-    """Per name, the rows right-padded with zeros to ``total`` tokens: (B, total, H)."""
+    """Per name, the rows right-padded with zeros to ``total`` tokens: (B, total, ...)."""
     out = []
     for parts in zip(*rows, strict=True):
-        width, dtype = parts[0].shape[-1], parts[0].dtype
-        batch = torch.zeros(len(parts), total, width, dtype=dtype)
+        batch = torch.zeros(len(parts), total, *parts[0].shape[1:], dtype=parts[0].dtype)
         for i, part in enumerate(parts):
             batch[i, : part.shape[0]] = part
         out.append(batch)

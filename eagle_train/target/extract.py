@@ -1,6 +1,7 @@
 """prepare-features: run the frozen target once over a prepared dataset and store, per token,
 what the draft reads (its layer set, and the final hidden state from which the trainer's
-frozen head recomputes the target's logits). See cache.py for the format.
+frozen head recomputes the target's logits) and the target's greedy next token (so that a
+draft with its own vocabulary never needs the full logits). See cache.py for the format.
 
 Work is split by shard: rank r of W (torchrun, any number of nodes sharing the output
 directory) writes shards r, r + W, ... Each shard is written whole or not at all, so a
@@ -69,7 +70,7 @@ def cache_identity(target_path: Path, dtype: str, layer_ids: list[int], data: Pa
 
 
 def tensor_names(layer_ids: list[int]) -> list[str]:
-    return [f"hidden.{k}" for k in layer_ids] + ["final"]
+    return [f"hidden.{k}" for k in layer_ids] + ["final", "greedy"]
 
 
 def open_split(out: Path, identity: dict[str, Any], is_main: bool) -> None:
@@ -78,6 +79,8 @@ def open_split(out: Path, identity: dict[str, Any], is_main: bool) -> None:
     if found_file.is_file():
         found = _read_json(found_file)
         problems = mismatches(identity, found) if "target" in found else ["not a cache"]
+        if not problems and found.get("format_version") != identity["format_version"]:
+            problems.append(f"format {found.get('format_version')} (an older eagle-train)")
         if not problems and found["shards"] != identity["shards"]:
             problems.append("the shard plan differs (another shard_mib)")
         if found["layer_ids"] != identity["layer_ids"] and not problems:
@@ -120,8 +123,8 @@ def extract_rows(
     batch_tokens: int,
     device: torch.device,
 ) -> list[dict[str, torch.Tensor]]:
-    """Per row (in order), ``hidden.K`` and ``final`` on the CPU, (len, H) each. Rows are
-    batched longest first under ``batch_tokens`` padded tokens."""
+    """Per row (in order), ``hidden.K`` and ``final`` (len, H) and ``greedy`` (len,) int32
+    on the CPU. Rows are batched longest first under ``batch_tokens`` padded tokens."""
     order = sorted(range(len(rows)), key=lambda i: -len(rows[i]))
     out: list[dict[str, torch.Tensor]] = [{} for _ in rows]
     names = tensor_names(layer_ids)
@@ -138,7 +141,7 @@ def extract_rows(
             mask[b, : len(rows[r])] = 1
         feats = target.features(ids.to(device), mask.to(device), layer_ids)
         parts = [feats.aux[..., j * h : (j + 1) * h] for j in range(len(layer_ids))]
-        parts.append(feats.final)
+        parts += [feats.final, feats.greedy.int()]
         for b, r in enumerate(chunk):
             n = len(rows[r])
             out[r] = {name: p[b, :n].cpu() for name, p in zip(names, parts, strict=True)}

@@ -8,11 +8,13 @@ Only the requested layers are captured (forward hooks), not all L+1 hidden state
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import Tensor, nn
+from torch.nn import functional as F
 from transformers import (
     AutoConfig,
     AutoModelForCausalLM,
@@ -28,9 +30,35 @@ from eagle_train.target.location import from_pretrained
 
 @dataclass
 class TargetFeatures:
+    """What the target computed for a batch. The logits are the head applied to ``final``,
+    computed when a loss first asks for them; a draft with its own vocabulary asks only for
+    the target's greedy tokens and the logits of its vocabulary's rows (``logits_of``), which
+    cost a fraction of the full vocabulary's when a feature cache stored the greedy tokens."""
+
     aux: Tensor  # (B, T, n*H) hidden after each requested layer count, concatenated in order
     final: Tensor  # (B, T, H) last hidden state after the final norm
-    logits: Tensor  # (B, T, V) the target's next-token logits
+    head: nn.Module  # the target's output head (frozen)
+    stored_greedy: Tensor | None = None  # (B, T) the target's argmax, from a feature cache
+
+    @cached_property
+    def logits(self) -> Tensor:
+        """(B, T, V) the target's next-token logits."""
+        return self.head(self.final)
+
+    @cached_property
+    def greedy(self) -> Tensor:
+        """(B, T) the target's greedy next token (the first of tied maxima)."""
+        if self.stored_greedy is not None:
+            return self.stored_greedy.long()
+        return self.logits.max(-1).indices  # argmax's result; 4x faster on bf16 CPU tensors
+
+    def logits_of(self, ids: Tensor) -> Tensor:
+        """(B, T, len(ids)) the logits of the target tokens ``ids``: their rows of the head
+        alone when the greedy tokens are stored, else a slice of the full logits."""
+        if self.stored_greedy is None or "logits" in self.__dict__:
+            return self.logits[..., ids]
+        bias = getattr(self.head, "bias", None)
+        return F.linear(self.final, self.head.weight[ids], None if bias is None else bias[ids])
 
 
 class FrozenTarget(nn.Module):
@@ -108,7 +136,7 @@ class FrozenTarget(nn.Module):
         final = out.last_hidden_state
         # No layer ids (a draft that reads only the final hidden): an empty (B, T, 0) aux.
         aux = torch.cat([captured[k] for k in layer_ids], dim=-1) if layer_ids else final[..., :0]
-        return TargetFeatures(aux=aux, final=final, logits=self.lm_head()(final))
+        return TargetFeatures(aux=aux, final=final, head=self.lm_head())
 
 
 def _capture(store: dict[int, Tensor], key: int):

@@ -1,9 +1,9 @@
 """Where a batch's target features come from: the target run now, or a feature cache.
 
 The loop asks one ``FeatureSource`` for each micro-batch's ``TargetFeatures``; it does not
-know which kind it holds. From a cache, the stored hidden states are read (memory-mapped)
-and the frozen head recomputes the logits, so nothing but the head and the embeddings of
-the target is in memory.
+know which kind it holds. From a cache, the stored hidden states and greedy tokens are
+read (memory-mapped) and the frozen head recomputes the logits a loss asks for, so nothing but
+the head and the embeddings of the target is in memory.
 """
 
 from __future__ import annotations
@@ -46,7 +46,8 @@ class OnlineFeatures:
 @dataclass
 class CachedFeatures:
     """Rows read from a feature cache, right-padded with zeros like the batch (padding is
-    never supervised); logits recomputed by the frozen head."""
+    never supervised), with the target's greedy tokens where the cache stored them; logits
+    are the frozen head's, computed when asked for."""
 
     cache: FeatureCache | CacheChain
     head: nn.Module
@@ -58,11 +59,15 @@ class CachedFeatures:
         if batch.rows is None:
             raise ValueError("a batch read from a feature cache must carry its dataset rows")
         names = [f"hidden.{k}" for k in self.layer_ids] + ["final"]
+        if self.cache.has_greedy:
+            names.append("greedy")
         total = batch.input_ids.shape[1]
         parts = [
             self.cache.row(r, n, names)
             for r, n in zip(batch.rows.tolist(), batch.lengths.tolist(), strict=True)
         ]
-        *layers, final = (t.to(self.device, non_blocking=True) for t in stack_rows(parts, total))
+        read = [t.to(self.device, non_blocking=True) for t in stack_rows(parts, total)]
+        greedy = read.pop() if self.cache.has_greedy else None
+        *layers, final = read
         aux = torch.cat(layers, dim=-1) if layers else final[..., :0]
-        return TargetFeatures(aux=aux, final=final, logits=self.head(final))
+        return TargetFeatures(aux=aux, final=final, head=self.head, stored_greedy=greedy)

@@ -1,6 +1,7 @@
-"""EAGLE-3 loss and metrics: pure functions of draft logits, target logits and the mask.
+"""EAGLE-3 loss and metrics: pure functions of draft logits, the target's logits over the draft
+vocabulary, the target's greedy tokens and the mask.
 
-Alignment: target logits at position p predict x_{p+1}. TTT step k at slot t predicts
+Alignment: target logits (and greedy tokens) at position p predict x_{p+1}. TTT step k at slot t predicts
 x_{t+2+k}, so its target distribution is the target's logits at t+1+k and it is supervised
 iff ``loss_mask[t+2+k]`` (that token is an assistant token) and t+2+k is inside the sequence.
 """
@@ -31,7 +32,9 @@ def step_weights(num_steps: int, decay: float) -> list[float]:
 
 def eagle3_loss(
     draft_logits: list[Tensor],
-    target_logits: Tensor,
+    target_draft: Tensor,
+    target_greedy: Tensor,
+    vocab_size: int,
     loss_mask: Tensor,
     lengths: Tensor,
     d2t: Tensor,
@@ -39,6 +42,10 @@ def eagle3_loss(
     drop_out_of_vocab: bool = False,
 ) -> StepStats:
     """Forward KL (soft CE) to the target distribution restricted to the draft vocab.
+
+    ``target_draft`` (B, T, Vd): the target's logits of the draft vocabulary's tokens (in
+    draft order); ``target_greedy`` (B, T): the target's argmax over its whole vocabulary of
+    ``vocab_size`` tokens (what greedy verification accepts).
 
     ``drop_out_of_vocab``: slots whose target argmax is outside the draft vocabulary (the
     draft can never propose it, so they can never be accepted) carry no loss; they still
@@ -48,11 +55,7 @@ def eagle3_loss(
     weights = step_weights(len(draft_logits), decay)
     total = draft_logits[0].new_zeros((), dtype=torch.float32)
     step_losses, correct, valid = [], [], []
-    # Restrict to the draft vocab and take the target's argmax once; each step then shifts
-    # these (B,T,Vd) and (B,T) tensors instead of copying the (B,T,V) logits K times.
-    target_draft = target_logits[..., draft_to_target]
-    target_argmax = target_logits.argmax(-1)
-    in_vocab = in_draft_vocab(target_argmax, draft_to_target, target_logits.shape[-1])
+    in_vocab = in_draft_vocab(target_greedy, draft_to_target, vocab_size)
     for k, logits in enumerate(draft_logits):
         mask = valid_slots(loss_mask, lengths, k)
         trained = mask & shift_left(in_vocab, 1 + k) if drop_out_of_vocab else mask
@@ -64,7 +67,7 @@ def eagle3_loss(
         step_loss = (per_slot * trained).sum() / denom
         total = total + weights[k] * step_loss
         step_losses.append(step_loss.item())
-        correct.append(draft_to_target[logits.argmax(-1)] == shift_left(target_argmax, 1 + k))
+        correct.append(draft_to_target[logits.argmax(-1)] == shift_left(target_greedy, 1 + k))
         valid.append(mask)
     return StepStats(loss=total, step_losses=step_losses, correct=correct, valid=valid)
 

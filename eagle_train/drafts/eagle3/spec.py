@@ -84,7 +84,9 @@ class Eagle3Spec:
         out = draft(aux, batch.input_ids, cfg.ttt_steps, copy_steps)
         stats = eagle3_loss(
             out.logits,
-            features.logits,
+            features.logits_of(draft_ids(module)),
+            features.greedy,
+            len(module.t2d),  # the target's vocabulary size
             batch.loss_mask,
             batch.lengths,
             module.d2t,

@@ -87,10 +87,10 @@ class PEagleSpec:
         grid = sample_elements(batch.lengths, batch.input_ids.shape[1], k, supervised, keep)
         aux = features.aux.to(module.fc.weight.dtype)
         ids = draft_ids(module)
-        target_draft = features.logits[..., ids]  # (B,T,Vd), restricted once
+        target_draft = features.logits_of(ids)  # (B,T,Vd), restricted once
         trained = supervised
         if cfg.drop_out_of_vocab:
-            trained = supervised & in_vocab_elements(features.logits, ids, k)
+            trained = supervised & in_vocab_elements(features.greedy, ids, k, len(module.t2d))
         total = int((grid & trained).sum())
 
         def part(forward: Tensor, own: Tensor) -> Callable[[], StepResult]:
@@ -159,11 +159,11 @@ class PEagleSpec:
         return export.import_tensors(tensors, config)
 
 
-def in_vocab_elements(target_logits: Tensor, ids: Tensor, depths: int) -> Tensor:
-    """(B,T,K) bool: the target's argmax for element (a, d), at position a+1+d, is one of
-    the draft vocabulary's target ids ``ids``."""
-    argmax = target_logits.argmax(-1)  # (B,T)
-    member = torch.zeros(target_logits.shape[-1], dtype=torch.bool, device=argmax.device)
+def in_vocab_elements(argmax: Tensor, ids: Tensor, depths: int, vocab_size: int) -> Tensor:
+    """(B,T,K) bool: the target's argmax (``argmax`` (B,T), over its ``vocab_size`` tokens)
+    for element (a, d), at position a+1+d, is one of the draft vocabulary's target ids
+    ``ids``."""
+    member = torch.zeros(vocab_size, dtype=torch.bool, device=argmax.device)
     member[ids] = True
     t = argmax.shape[1]
     pos = (
