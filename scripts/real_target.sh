@@ -22,7 +22,8 @@
 # 63 minutes to the end of training there: docs/results/2026-12-03-smollm2-amx.md; the third
 # epoch beat n-gram on MT-Bench where the second tied: docs/results/2026-12-05-three-epochs.md;
 # half the conversations for 6 epochs lost part of that: docs/results/2026-12-05-half-data.md;
-# on an AMD EPYC without AMX data, features and training take about 2 hours), then evaluated on
+# on an AMD EPYC without AMX data, features and training take about 1 hour 50:
+# docs/results/2026-12-05-greedy-cache.md), then evaluated on
 # all 80 MT-Bench questions (17-31 minutes more; 40 requests leave the paired CI against n-gram
 # too wide to clear zero); 480 conversations and 4 epochs with the fp32 target elsewhere (105
 # minutes with other jobs on the machine: docs/results/2026-12-01-recipe.md). BUDGET=large
