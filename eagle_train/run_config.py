@@ -48,7 +48,8 @@ class DataSection(StrictModel):
     # tokens (None: micro_batch_size rows of the mean length), not micro_batch_size rows
     # padded to the longest (data/packing.py). Validation batches stay micro_batch_size rows.
     # Off by default: on the demo e2e tests it lowered vLLM's acceptance (DFlash llama 2.27
-    # against 2.78 unpacked, same steps; docs/results/2026-12-01-packing.md).
+    # against 2.78 unpacked, same steps; docs/results/2026-12-01-packing.md), on SmolLM2 a
+    # little (docs/results/2026-12-05-packing-smollm2.md).
     packing: bool = False
     max_tokens_per_batch: int | None = Field(default=None, ge=1)
 
