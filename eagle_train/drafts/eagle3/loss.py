@@ -1,9 +1,10 @@
 """EAGLE-3 loss and metrics: pure functions of draft logits, the target's logits over the draft
 vocabulary, the target's greedy tokens and the mask.
 
-Alignment: target logits (and greedy tokens) at position p predict x_{p+1}. TTT step k at slot t predicts
-x_{t+2+k}, so its target distribution is the target's logits at t+1+k and it is supervised
-iff ``loss_mask[t+2+k]`` (that token is an assistant token) and t+2+k is inside the sequence.
+Alignment: target logits (and greedy tokens) at position p predict x_{p+1}. TTT step k at
+slot t predicts x_{t+2+k}, so its target distribution is the target's logits at t+1+k and it
+is supervised iff ``loss_mask[t+2+k]`` (that token is an assistant token) and t+2+k is inside
+the sequence.
 """
 
 from __future__ import annotations
