@@ -80,7 +80,10 @@ def open_split(out: Path, identity: dict[str, Any], is_main: bool) -> None:
         found = _read_json(found_file)
         problems = mismatches(identity, found) if "target" in found else ["not a cache"]
         if not problems and found.get("format_version") != identity["format_version"]:
-            problems.append(f"format {found.get('format_version')} (an older eagle-train)")
+            problems.append(
+                f"format {found.get('format_version')} (this eagle-train writes format "
+                f"{identity['format_version']})"
+            )
         if not problems and found["shards"] != identity["shards"]:
             problems.append("the shard plan differs (another shard_mib)")
         if found["layer_ids"] != identity["layer_ids"] and not problems:
