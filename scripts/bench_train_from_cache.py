@@ -13,13 +13,14 @@ supervised tokens/s over the steps after the warm-up, and the load average.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
+
+from eagle_train.metrics import read_metrics
 
 
 def measure(args: argparse.Namespace, features: str, out: Path) -> dict:
@@ -38,8 +39,7 @@ def measure(args: argparse.Namespace, features: str, out: Path) -> dict:
     for value in sets:
         command += ["--set", value]
     subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
-    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    timed = [r for r in rows if r["split"] == "train" and r["step"] > args.warmup]
+    timed = [r for r in read_metrics(out / "metrics.jsonl") if r["step"] > args.warmup]
     return {
         "features": features,
         "tokens_per_s": statistics.mean(r["tokens_per_s"] for r in timed),

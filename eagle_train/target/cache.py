@@ -45,6 +45,11 @@ class FeatureCacheError(UserError, ValueError):
     """A cache that is missing, incomplete, corrupt or made for something else."""
 
 
+def tensor_names(layer_ids: list[int], greedy: bool) -> list[str]:
+    """A shard's per-token tensors for ``layer_ids``, ``greedy`` where the format has it."""
+    return [f"hidden.{k}" for k in layer_ids] + ["final"] + (["greedy"] if greedy else [])
+
+
 def shard_name(index: int) -> str:
     return f"shard-{index:05d}"
 

@@ -31,6 +31,7 @@ from eagle_train.target.cache import (
     dataset_sha256,
     mismatches,
     shard_name,
+    tensor_names,
     write_atomic,
     write_json,
 )
@@ -67,10 +68,6 @@ def cache_identity(target_path: Path, dtype: str, layer_ids: list[int], data: Pa
         "dataset_path": str(Path(data).resolve()),
         "dtype": dtype,
     }
-
-
-def tensor_names(layer_ids: list[int]) -> list[str]:
-    return [f"hidden.{k}" for k in layer_ids] + ["final", "greedy"]
 
 
 def open_split(out: Path, identity: dict[str, Any], is_main: bool) -> None:
@@ -130,7 +127,7 @@ def extract_rows(
     on the CPU. Rows are batched longest first under ``batch_tokens`` padded tokens."""
     order = sorted(range(len(rows)), key=lambda i: -len(rows[i]))
     out: list[dict[str, torch.Tensor]] = [{} for _ in rows]
-    names = tensor_names(layer_ids)
+    names = tensor_names(layer_ids, greedy=True)
     h = target.config.hidden_size
     i = 0
     while i < len(order):

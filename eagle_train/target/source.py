@@ -14,7 +14,7 @@ from typing import Protocol
 import torch
 from torch import Tensor, nn
 
-from eagle_train.target.cache import CacheChain, FeatureCache, stack_rows
+from eagle_train.target.cache import CacheChain, FeatureCache, stack_rows, tensor_names
 from eagle_train.target.frozen import FrozenTarget, TargetFeatures
 
 
@@ -58,9 +58,7 @@ class CachedFeatures:
     def for_batch(self, batch: Batch) -> TargetFeatures:
         if batch.rows is None:
             raise ValueError("a batch read from a feature cache must carry its dataset rows")
-        names = [f"hidden.{k}" for k in self.layer_ids] + ["final"]
-        if self.cache.has_greedy:
-            names.append("greedy")
+        names = tensor_names(self.layer_ids, self.cache.has_greedy)
         total = batch.input_ids.shape[1]
         parts = [
             self.cache.row(r, n, names)
