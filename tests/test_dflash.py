@@ -24,9 +24,10 @@ from eagle_train.drafts.dflash.blocks import (
     valid_anchors,
 )
 from eagle_train.drafts.dflash.config import DFlashConfig
-from eagle_train.drafts.dflash.loss import dflash_loss
+from eagle_train.drafts.dflash.loss import BlockStats, dflash_loss
 from eagle_train.drafts.registry import get_draft, identify_drafter
 from eagle_train.target import FrozenTarget, describe_target
+from eagle_train.target.frozen import TargetFeatures
 
 SPEC = get_draft("dflash")
 GOLDEN = Path(__file__).resolve().parents[1] / "export" / "golden"
@@ -252,9 +253,15 @@ def test_loss_alignment(loss_target: str) -> None:
     anchors = torch.tensor([[2, 0]])
     mask = torch.tensor([[[True, True], [False, False]]])
     weights = torch.tensor([1.0, 0.5])
-    stats = dflash_loss(
-        logits, lambda h: h, ids, target_logits, anchors, mask, weights, loss_target
-    )
+    greedy = target_logits.argmax(-1)
+    soft = target_logits if loss_target == "distill" else None  # hard never reads them
+
+    def loss(mask: torch.Tensor, loss_target: str = loss_target) -> BlockStats:
+        return dflash_loss(
+            logits, lambda h: h, ids, greedy, soft, anchors, mask, weights, loss_target, 5
+        )
+
+    stats = loss(mask)
     per = []
     for k in (1, 2):  # slot k of the block at 2 predicts x_{2+k}; target logits at 2+k-1
         logq = torch.log_softmax(logits[0, 0, k - 1], -1)
@@ -265,13 +272,16 @@ def test_loss_alignment(loss_target: str) -> None:
     assert stats.loss.item() == pytest.approx(((per[0] + 0.5 * per[1]) / 1.5).item(), rel=1e-6)
     # slot 2 unsupervised (the turn ended at slot 1): the loss is slot 1's alone
     mask[0, 0, 1] = False
-    only = dflash_loss(logits, lambda h: h, ids, target_logits, anchors, mask, weights, loss_target)
+    only = loss(mask)
     assert only.loss.item() == pytest.approx(per[0].item(), rel=1e-6)
     assert stats.correct[0, 0].tolist() == [
         bool(logits[0, 0, k - 1].argmax() == target_logits[0, 1 + k].argmax()) for k in (1, 2)
     ]
     with pytest.raises(ValueError, match="draft.loss_target 'auto': expected hard or distill"):
-        dflash_loss(logits, lambda h: h, ids, target_logits, anchors, mask, weights, "auto")
+        loss(mask, "auto")
+    if loss_target == "hard":
+        with pytest.raises(ValueError, match="distill: the target's logits are needed"):
+            loss(mask, "distill")
 
 
 @pytest.mark.parametrize("loss_target", ["hard", "distill"])
@@ -287,8 +297,19 @@ def test_chunked_head_equals_a_plain_loss(loss_target: str) -> None:
         [[[1, 1, 1], [1, 0, 0], [1, 1, 0], [1, 1, 1]], [[1, 1, 1], [0, 1, 1], [0] * 3, [0] * 3]]
     ).bool()
     weights = torch.tensor([1.0, 0.7, 0.4])
+    soft = target_logits if loss_target == "distill" else None
     got = dflash_loss(
-        hidden, head, ids, target_logits, anchors, mask, weights, loss_target, chunk_bytes=1
+        hidden,
+        head,
+        ids,
+        target_logits.argmax(-1),
+        soft,
+        anchors,
+        mask,
+        weights,
+        loss_target,
+        6,
+        chunk_bytes=1,
     )  # one block per chunk, each recomputed in backward
     # plain: all logits at once, one term per supervised (block, slot)
     logq = torch.log_softmax(head(hidden), -1)
@@ -324,6 +345,32 @@ def test_compute_loss_trains_draft_only_and_shares_target_head() -> None:
     assert all(p.grad is not None for p in draft.parameters())
     assert all(p.grad is None for p in target.parameters())
     assert not any(k.startswith(("embed", "lm_head")) for k in draft.state_dict())
+
+
+@pytest.mark.parametrize("loss_target", ["hard", "distill"])
+def test_stored_greedy_tokens_score_like_the_full_logits(loss_target: str) -> None:
+    # A feature cache (format 2) stores the target's greedy tokens: hard labels then never
+    # run the full head on the target's side, and the metrics are those of the full logits.
+    target = tiny_target()
+    cfg, draft = build(target, num_anchors=6, loss_target=loss_target)
+    ids = torch.randint(4, 64, (2, 24))
+    batch = Batch(ids, torch.ones_like(ids), torch.ones_like(ids), torch.tensor([24, 20]))
+    online = target.features(ids, None, SPEC.target_layer_ids(cfg, target.description))
+    with torch.no_grad():
+        greedy = target.model(input_ids=ids).logits.argmax(-1)  # transformers' own forward
+
+    def stored(tokens: torch.Tensor) -> TargetFeatures:
+        return TargetFeatures(online.aux, online.final, online.head, stored_greedy=tokens)
+
+    draft.eval()  # fixed anchors: every call scores the same blocks
+    with torch.no_grad():
+        want = SPEC.compute_loss(draft, online, batch, cfg).metrics
+        features = stored(greedy.int())
+        got = SPEC.compute_loss(draft, features, batch, cfg).metrics
+        shifted = SPEC.compute_loss(draft, stored(greedy.roll(1, -1).int()), batch, cfg).metrics
+    assert got == pytest.approx(want)
+    assert ("logits" in features.__dict__) == (loss_target == "distill")
+    assert shifted["acc_0"] != want["acc_0"]  # the stored tokens are what is scored
 
 
 def test_validation_scores_fixed_anchors_and_leaves_the_rng_alone() -> None:

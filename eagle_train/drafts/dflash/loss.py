@@ -1,5 +1,6 @@
 """DFlash loss and metrics: functions of the draft's block outputs, the (shared, frozen)
-head, the sequence and the target's logits; no module state.
+head, the sequence and the target's greedy tokens (and logits, for ``distill``); no module
+state.
 
 Alignment: block slot k (1..B-1) of the block anchored at a predicts x_{a+k}; the target's
 logits at position p predict x_{p+1}, so the target distribution for that slot is the
@@ -38,16 +39,20 @@ def dflash_loss(
     hidden: Tensor,
     head: Callable[[Tensor], Tensor],
     input_ids: Tensor,
-    target_logits: Tensor,
+    target_greedy: Tensor,
+    target_logits: Tensor | None,
     anchors: Tensor,
     mask: Tensor,
     weights: Tensor,
     loss_target: str,
+    vocab_size: int,
     chunk_bytes: int = _CHUNK_BYTES,
 ) -> BlockStats:
     """``hidden`` (Bt, N, B-1, H) draft outputs of slots 1..B-1, ``head`` maps them to
-    (.., V) logits; ``mask`` (Bt, N, B-1) the supervised slots (``blocks.slot_mask``);
-    ``weights`` (B-1,) slot weights.
+    (.., V) logits, V = ``vocab_size``; ``target_greedy`` (Bt, T) the target's argmax per
+    position; ``target_logits`` (Bt, T, V), read by ``distill`` alone (``hard`` takes None);
+    ``mask`` (Bt, N, B-1) the supervised slots (``blocks.slot_mask``); ``weights`` (B-1,)
+    slot weights.
 
     Loss = sum(w * m * l) / sum(w * m), l = cross-entropy to x_{a+k}
     (``hard``) or soft cross-entropy to the target's distribution at a+k-1 (``distill``).
@@ -62,8 +67,9 @@ def dflash_loss(
     # Padding blocks may run past the end: clamp (their weight is 0).
     label_pos = (anchors[..., None] + k).clamp(max=length - 1)  # (Bt, N, B-1)
     w = weights.to(hidden.device)[None, None, :] * mask
-    vocab = target_logits.shape[-1]
-    chunk = max(1, chunk_bytes // (4 * bt * slots * vocab))
+    if loss_target == "distill" and target_logits is None:
+        raise ValueError("draft.loss_target distill: the target's logits are needed")
+    chunk = max(1, chunk_bytes // (4 * bt * slots * vocab_size))
     total = hidden.new_zeros((), dtype=torch.float32)
     draft_argmax = []
     for n0 in range(0, n, chunk):
@@ -76,7 +82,7 @@ def dflash_loss(
         total = total + part
         draft_argmax.append(argmax)
     loss = total / w.sum().clamp(min=1e-6)
-    target_argmax = _gather_positions(target_logits.argmax(-1), label_pos - 1)
+    target_argmax = _gather_positions(target_greedy, label_pos - 1)
     correct = torch.cat(draft_argmax, dim=1) == target_argmax
     return BlockStats(loss=loss, correct=correct, mask=mask)
 
@@ -88,7 +94,7 @@ class _ChunkTerms:
         self,
         head: Callable[[Tensor], Tensor],
         input_ids: Tensor,
-        target_logits: Tensor,
+        target_logits: Tensor | None,
         loss_target: str,
     ) -> None:
         if loss_target not in ("hard", "distill"):
@@ -106,6 +112,7 @@ class _ChunkTerms:
             labels = _gather_positions(self.input_ids, label_pos)
             per_slot = -logq.gather(-1, labels[..., None]).squeeze(-1)
         else:
+            assert self.target_logits is not None  # dflash_loss checked it
             target = _gather_positions(self.target_logits, label_pos - 1).float()
             per_slot = -(torch.softmax(target, dim=-1) * logq).sum(-1)
         return (w * per_slot).sum(), logits.argmax(-1)

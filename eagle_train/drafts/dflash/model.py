@@ -134,6 +134,11 @@ class DFlashDraft(nn.Module):
             h = layer(h, ctx, anchors, rope_ctx, rope_blk)
         return self.norm(h).view(bt, n, s.block_size, -1)
 
+    @property
+    def vocab_size(self) -> int:
+        """Rows of the target's head: the vocabulary ``logits`` scores."""
+        return int(self._shared[1].weight.shape[0])
+
     def logits(self, hidden: Tensor) -> Tensor:
         """The target's frozen head on draft hidden states (gradients flow to the hidden)."""
         _, head = self._shared

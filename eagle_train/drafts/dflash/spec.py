@@ -78,15 +78,19 @@ class DFlashSpec:
         hidden = draft(features.aux, batch.input_ids, anchors.positions)
         weights = slot_weights(cfg.block_size, loss_gamma(cfg.block_size, cfg.loss_gamma))
         # slot 0 holds the anchor: nothing to predict there
+        # hard labels need the target's greedy tokens alone: with a format-2 feature cache
+        # the full-vocabulary head never runs on the target's side
         stats = dflash_loss(
             hidden[:, :, 1:],
             module.logits,
             batch.input_ids,
-            features.logits,
+            features.greedy,
+            features.logits if cfg.loss_target == "distill" else None,
             anchors.positions,
             slot_mask(batch.loss_mask, anchors.positions, anchors.valid, cfg.block_size),
             weights,
             cfg.loss_target,
+            module.vocab_size,
         )
         metrics = {"loss": stats.loss.item(), **accuracy_metrics(stats)}
         return StepResult(loss=stats.loss, metrics=metrics, weight=int(anchors.valid.sum()))
