@@ -6,6 +6,7 @@ metrics; the checkpoint with the most tokens per target step so far is kept unde
 from __future__ import annotations
 
 import logging
+import time
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +33,8 @@ class AcceptanceProbe:
 
     def measure(self, step: int, draft_state: dict[str, Tensor]) -> dict[str, float]:
         """Export the current draft (its full state dict) and return its vLLM acceptance
-        metrics."""
+        metrics, with the probe's wall time (export, engine start, generation) in ``seconds``."""
+        start = time.perf_counter()
         state = {k: v.detach().cpu() for k, v in draft_state.items()}
         export_state(state, self.cfg, self.drafter_dir, {"step": step}, overwrite=True)
         settings = EvalSettings(
@@ -53,6 +55,7 @@ class AcceptanceProbe:
         }
         for i, rate in enumerate(overall["per_position_rate"]):
             metrics[f"accept_rate_{i}"] = rate
+        metrics["seconds"] = time.perf_counter() - start
         log.info(
             "step %d: vLLM tokens per target step %.3f (AL over drafted steps %.3f)",
             step,

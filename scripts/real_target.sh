@@ -17,24 +17,29 @@
 #   6. eval-acceptance on MT-Bench (both turns, n-gram first): tokens per target step, AL,
 #      per-position acceptance, greedy equality, paired per-request differences against
 #      n-gram (interleave=false serves the target alone once)
-# BUDGET=default is sized for about 90 minutes of data and training on 2 cores of an Intel
-# Xeon with AMX: 4,064 conversations and 3 epochs where the CPU has bf16 units (2 epochs took
-# 63 minutes to the end of training there: docs/results/2026-12-03-smollm2-amx.md; the third
-# epoch beat n-gram on MT-Bench where the second tied: docs/results/2026-12-05-three-epochs.md;
-# half the conversations for 6 epochs lost part of that: docs/results/2026-12-05-half-data.md;
-# on an AMD EPYC without AMX data, features and training take about 1 hour 50:
-# docs/results/2026-12-05-greedy-cache.md), then evaluated on
-# all 80 MT-Bench questions (17-31 minutes more; 40 requests leave the paired CI against n-gram
-# too wide to clear zero); 480 conversations and 4 epochs with the fp32 target elsewhere (105
-# minutes with other jobs on the machine: docs/results/2026-12-01-recipe.md). BUDGET=large
-# writes 4x the prompts: a longer run.
+# The budget is time on this machine (machines differ by more than 10x here): MINUTES (90 for
+# BUDGET=default, 360 for BUDGET=large) covers everything from the dtype check to the exported
+# drafter; the MT-Bench evaluation comes after it (17-31 minutes on 2 cores, all 80 questions,
+# 28 with the fp32 target on a Xeon without AMX:
+# 40 requests leave the paired CI against n-gram too wide to clear zero). The recipe first
+# runs its own stages on 128 calibration prompts, then scripts/plan_budget.py sizes the
+# conversations to the budget at 3 epochs (a third epoch beat n-gram on MT-Bench where the
+# second tied: docs/results/2026-12-05-three-epochs.md; half the conversations for 6 epochs
+# lost part of that: docs/results/2026-12-05-half-data.md). The plan is kept in
+# runs/real/BUDGET/plan.env (a rerun keeps it) and the planned seconds sit beside the
+# measured ones: docs/results/2026-12-05-budget-plan.md. On a 2-core Xeon with AMX, 4,064
+# conversations took 63 minutes to the end of 2 epochs (docs/results/2026-12-03-smollm2-amx.md);
+# at 3 epochs that size's drafter beat n-gram. Slower CPUs get fewer conversations and a
+# weaker drafter in the same time.
 #   EAGLE_TRAIN_REAL_TARGET=DIR  use an already converted copy (DIR/bf16, DIR/fp32)
 #   NO_SETUP=1                   use the commands already on PATH instead of scripts/setup_cpu.sh
-#   DTYPE=float32|bfloat16       the target's dtype everywhere (default: bfloat16 where the CPU
-#                                has bf16 units, float32 otherwise: 3.5x faster there)
-#   EVAL_EVERY=N                 every Nth MT-Bench question (default: 1, all 80 questions; 4 for
-#                                BUDGET=default with the fp32 target: 20 questions of all 8
-#                                categories); EVAL_NEW tokens per answer (64)
+#   DTYPE=float32|bfloat16       the target's dtype everywhere (default: bfloat16 unless fp32's
+#                                forward is 1.25x faster on this CPU: scripts/plan_budget.py dtype)
+#   MINUTES=N                    the time budget (see above)
+#   PROMPTS=N EPOCHS=N           skip the plan: this many conversations and epochs (the
+#                                documented runs used PROMPTS=4064 EPOCHS=3 DTYPE=bfloat16)
+#   EVAL_EVERY=N                 every Nth MT-Bench question (default: 1, all 80 questions);
+#                                EVAL_NEW tokens per answer (64)
 #   EVAL_ALSO="DIR ..."          more drafters to measure in the same run (paired with the rest)
 # A rerun continues: prepared data and features are kept (remove them to redo them),
 # training resumes from its newest checkpoint, the evaluation is measured again.
@@ -46,28 +51,15 @@ if [ -z "${NO_SETUP:-}" ]; then
     . .venv/bin/activate
 fi
 export VLLM_ENABLE_V1_MULTIPROCESSING=0 HF_HUB_OFFLINE=1 VLLM_CACHE_ROOT="$PWD/runs/.vllm_cache"
-if [ -z "${DTYPE:-}" ]; then
-    DTYPE=float32
-    if grep -qE 'avx512_bf16|amx_bf16' /proc/cpuinfo 2>/dev/null; then DTYPE=bfloat16; fi
-fi
-# The budgets in conversations: a CPU with bf16 units writes, caches and trains several times
-# faster than one without (docs/results/2026-12-03-smollm2-amx.md), so it gets more data.
 BUDGET=${BUDGET:-default}
-case $BUDGET:$DTYPE in
-    default:bfloat16) PROMPTS=4064 EPOCHS=3 EVERY=1 ;;
-    default:*) PROMPTS=480 EPOCHS=4 EVERY=4 ;;
-    large:bfloat16) PROMPTS=16352 EPOCHS=2 EVERY=1 ;;
-    large:*) PROMPTS=2016 EPOCHS=4 EVERY=1 ;;
+case $BUDGET in
+    default) MINUTES=${MINUTES:-90} ;;
+    large) MINUTES=${MINUTES:-360} ;;
     *) echo "BUDGET: expected default or large, got '$BUDGET'" >&2 && exit 2 ;;
 esac
 HOLDOUT=32
 MBS=4
-case $DTYPE in
-    float32) DIR=fp32 ;;
-    bfloat16) DIR=bf16 ;;
-    *) echo "DTYPE: expected float32 or bfloat16, got '$DTYPE'" >&2 && exit 2 ;;
-esac
-EVAL_EVERY=${EVAL_EVERY:-$EVERY}
+EVAL_EVERY=${EVAL_EVERY:-1}
 EVAL_NEW=${EVAL_NEW:-64}
 OUT=runs/real/$BUDGET
 DATA=runs/real_data/$BUDGET
@@ -87,12 +79,59 @@ stage() {  # stage NAME COMMAND...: run it and record its wall time
 TARGET=${EAGLE_TRAIN_REAL_TARGET:-runs/smollm2}
 [ -n "${EAGLE_TRAIN_REAL_TARGET:-}" ] || [ -d runs/smollm2/fp32 ] \
     || stage fetch fetch-real-target runs/smollm2
-MODEL=$TARGET/$DIR
+synthesize() {  # synthesize NAME N OUT: the target writes N two-turn conversations (vLLM)
+    stage "$1" prepare-data -c configs/data/smollm2-synthesized.yaml --set "tokenizer=$MODEL" \
+        --set "output_dir=$3" --set synthesize.num_prompts="$2" \
+        --set synthesize.follow_ups=builtin --set synthesize.stems=builtin \
+        --set regenerate.dtype="$DTYPE"
+}
+set_run() {  # set_run DATA FEATURES: RUN, the recipe's EAGLE-3 run config on that data
+    RUN=(-c configs/train/eagle3-smollm2.yaml --set "target.path=$MODEL"
+        --set "target.dtype=$DTYPE" --set "data.train=$1" --set "data.features=$2"
+        --set data.micro_batch_size=$MBS)
+}
+set_probe() {  # set_probe PROMPTS EVERY: PROBE, vLLM serves the draft on 16 held-out prompts
+    PROBE=(--set "train.acceptance.prompts=$1" --set train.acceptance.every="$2"
+        --set train.acceptance.num_prompts=16 --set train.acceptance.max_new_tokens=64
+        --set train.acceptance.num_speculative_tokens=3 --set train.acceptance.max_model_len=2048)
+}
+
+# The plan, kept across reruns (PROMPTS, EPOCHS, DTYPE set in the environment win).
+PLAN=$OUT/plan.env
+if [ -f "$PLAN" ]; then
+    eval "$(sed -n 's/^\([A-Z_]*\)=\([a-z0-9.]*\)$/\1=${\1:-\2}/p' "$PLAN")"
+fi
+BUDGET_START=$(date +%s)
+[ -n "${DTYPE:-}" ] || DTYPE=$(python scripts/plan_budget.py dtype "$TARGET")
+case $DTYPE in
+    float32) MODEL=$TARGET/fp32 ;;
+    bfloat16) MODEL=$TARGET/bf16 ;;
+    *) echo "DTYPE: expected float32 or bfloat16, got '$DTYPE'" >&2 && exit 2 ;;
+esac
+if [ -z "${PROMPTS:-}" ]; then
+    # Calibration: the stages below on 128 prompts, 24 training steps and one probe.
+    CAL=$OUT/calibration
+    [ -f "$CAL/data/meta.json" ] || synthesize calibrate-data 128 "$CAL/data"
+    tail -n 16 "$CAL/data.prompts.jsonl" > "$CAL/probe-prompts.jsonl"
+    set_run "$CAL/data" "$CAL/features"
+    [ -f "$CAL/features/train/manifest.json" ] \
+        || stage calibrate-features prepare-features "${RUN[@]}" --batch-tokens 2048
+    set_probe "$CAL/probe-prompts.jsonl" 24
+    stage calibrate-train train-draft "${RUN[@]}" "${PROBE[@]}" --set train.max_steps=24 \
+        --set train.log_every=6 --set train.save_every=24 --set "train.output_dir=$CAL/train" \
+        --resume auto
+    python scripts/plan_budget.py size --minutes "$MINUTES" \
+        --spent $(($(date +%s) - BUDGET_START)) --times "$TIMES" --data "$CAL/data" \
+        --run "$CAL/train" --epochs "${EPOCHS:-3}" --holdout $HOLDOUT > "$PLAN.tmp"
+    printf "DTYPE=%s\nMINUTES=%s\n" "$DTYPE" "$MINUTES" >> "$PLAN.tmp"
+    mv "$PLAN.tmp" "$PLAN"
+    . "$PLAN"
+fi
+EPOCHS=${EPOCHS:-3}
+[ -f "$PLAN" ] || printf 'PROMPTS=%s\nEPOCHS=%s\nDTYPE=%s\n' "$PROMPTS" "$EPOCHS" "$DTYPE" > "$PLAN"
+
 ALL=$DATA/synthesized-$((PROMPTS + HOLDOUT))
-[ -f "$ALL/meta.json" ] || stage prepare-synthesized prepare-data \
-    -c configs/data/smollm2-synthesized.yaml --set "tokenizer=$MODEL" --set "output_dir=$ALL" \
-    --set synthesize.num_prompts=$((PROMPTS + HOLDOUT)) --set synthesize.follow_ups=builtin \
-    --set synthesize.stems=builtin --set regenerate.dtype=$DTYPE
+[ -f "$ALL/meta.json" ] || synthesize prepare-synthesized $((PROMPTS + HOLDOUT)) "$ALL"
 TRAIN_DATA=$DATA/train-$PROMPTS
 [ -f "$TRAIN_DATA/meta.json" ] || stage subset prepare-data \
     -c configs/data/smollm2-synthesized.yaml --set "tokenizer=$MODEL" \
@@ -101,18 +140,13 @@ TRAIN_DATA=$DATA/train-$PROMPTS
 tail -n $HOLDOUT "$ALL.prompts.jsonl" > "$DATA/probe-prompts.jsonl"
 
 STEPS=$((EPOCHS * PROMPTS / MBS))
-RUN=(-c configs/train/eagle3-smollm2.yaml --set "target.path=$MODEL" --set "target.dtype=$DTYPE"
-    --set "data.train=$TRAIN_DATA" --set "data.features=$DATA/features-$PROMPTS"
-    --set data.micro_batch_size=$MBS)
+set_run "$TRAIN_DATA" "$DATA/features-$PROMPTS"
 [ -f "$DATA/features-$PROMPTS/train/manifest.json" ] || stage features prepare-features "${RUN[@]}" \
     --batch-tokens 2048
-stage train train-draft "${RUN[@]}" --set train.max_steps=$STEPS --set train.log_every=20 \
-    --set train.save_every=$((STEPS / 4)) --set optim.warmup_steps=$((STEPS / 20 + 1)) \
-    --set train.acceptance.every=$((STEPS / 4)) \
-    --set "train.acceptance.prompts=$DATA/probe-prompts.jsonl" \
-    --set train.acceptance.num_prompts=16 --set train.acceptance.max_new_tokens=64 \
-    --set train.acceptance.num_speculative_tokens=3 --set train.acceptance.max_model_len=2048 \
-    --set "train.output_dir=$OUT/eagle3" --resume auto
+set_probe "$DATA/probe-prompts.jsonl" $((STEPS / 4))
+stage train train-draft "${RUN[@]}" "${PROBE[@]}" --set train.max_steps=$STEPS \
+    --set train.log_every=20 --set train.save_every=$((STEPS / 4)) \
+    --set optim.warmup_steps=$((STEPS / 20 + 1)) --set "train.output_dir=$OUT/eagle3" --resume auto
 last() { ls -d "$1"/step-* | tail -1; }
 stage export export-draft "$(last "$OUT/eagle3/best")" "$OUT/eagle3/drafter" --overwrite
 
@@ -131,4 +165,4 @@ stage eval eval-acceptance --target "$MODEL" --draft ngram --draft "$OUT/eagle3/
     --set num_speculative_tokens=3 --set turns=2 --set "prompts=$QUESTIONS" \
     --set max_new_tokens="$EVAL_NEW" --set dtype=$DTYPE --set max_model_len=2048 \
     --set interleave=false
-cat "$TIMES"
+cat "$PLAN" "$TIMES"

@@ -131,6 +131,7 @@ def test_turns_in_order_batched_and_counted(tmp_path, model_dir, tokenizer, monk
     meta = read_meta(cfg.output_dir)
     assert meta["regeneration"]["path"] == str(regen.path.resolve())
     assert meta["regeneration"]["settings"]["max_model_len"] == 70
+    assert 0 <= meta["regeneration"]["seconds"] < 60  # the generation time a recipe plans by
     assert meta["counts"]["failed"] == {"prompt_too_long": 1}
 
 

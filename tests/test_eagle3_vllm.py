@@ -76,6 +76,8 @@ def test_acceptance_measured_in_vllm_during_training(trained: dict) -> None:
     assert all(1.0 <= r["acceptance_length"] <= K + 1 for r in rows)
     assert all(1.0 <= r["tokens_per_target_step"] <= K + 1 for r in rows)
     assert all(f"accept_rate_{K - 1}" in r for r in rows)
+    # its wall time (the recipe's time budget reads it): an engine start at least
+    assert all(0.5 < r["seconds"] < 600 for r in rows)
     # the best checkpoint is chosen by tokens per target step, the metric that ranks
     best_step = max(rows, key=lambda r: r["tokens_per_target_step"])["step"]
     (best,) = (trained["run"] / "best").iterdir()

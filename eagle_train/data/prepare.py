@@ -10,6 +10,7 @@ import dataclasses
 import datetime
 import json
 import logging
+import time
 from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -261,7 +262,9 @@ def run_regeneration(
         own = backend is None
         gen_backend = open_backend(cfg, renderer) if backend is None else backend
         try:
+            start = time.perf_counter()
             regenerate_records(reader, renderer, gen_backend, plan, out, report, policy)
+            report.seconds = time.perf_counter() - start
         finally:
             if own:
                 gen_backend.close()
@@ -276,7 +279,10 @@ def run_synthesis(
 ) -> SynthesisReport:
     plan = regeneration_plan(cfg, renderer)
     path = synthesized_path(cfg)
-    return synthesize_prompts(renderer, backend, cfg.synthesize, plan.stop_token_ids, path)
+    start = time.perf_counter()
+    report = synthesize_prompts(renderer, backend, cfg.synthesize, plan.stop_token_ids, path)
+    report.seconds = time.perf_counter() - start
+    return report
 
 
 def read_regenerated(path: Path, ids: set[str]) -> Iterator[Record]:
@@ -338,7 +344,13 @@ def _meta(
 
     if regen_meta is not None and report.regeneration is not None:
         r = report.regeneration
-        regen_meta = {**regen_meta, "done": r.done, "resumed": r.resumed, "failed": dict(r.failed)}
+        regen_meta = {
+            **regen_meta,
+            "done": r.done,
+            "resumed": r.resumed,
+            "failed": dict(r.failed),
+            "seconds": round(r.seconds, 1),  # this run's generation (resumed rows excluded)
+        }
     return {
         "tokenizer": str(cfg.tokenizer.resolve()),
         "chat_template": {
@@ -357,6 +369,7 @@ def _meta(
                 "requests": report.synthesis.requests,
                 "kept": report.synthesis.kept,
                 "rejected": dict(sorted(report.synthesis.rejected.items())),
+                "seconds": round(report.synthesis.seconds, 1),
                 **cfg.synthesize.model_dump(mode="json"),
             }
         ),

@@ -57,6 +57,7 @@ class RegenerationReport:
     num_generated_turns: int = 0
     num_cut_turns: int = 0  # responses that reached the token limit without a stop token
     num_generated_tokens: int = 0
+    seconds: float = 0.0  # generating, the engine's start not included
     done_ids: set[str] = field(default_factory=set, repr=False)
 
     def summary(self) -> str:

@@ -41,6 +41,7 @@ class SynthesisReport:
     requests: int = 0
     kept: int = 0
     rejected: Counter[str] = field(default_factory=Counter)
+    seconds: float = 0.0  # sampling and filtering, the engine's start not included
 
     def summary(self) -> str:
         return (

@@ -1,0 +1,166 @@
+"""Size scripts/real_target.sh to a time budget on the machine it runs on.
+
+Machines differ by more than 10x on this recipe (docs/results/2026-12-01-data-speed.md,
+2026-12-03-smollm2-amx.md, 2026-12-05-budget-plan.md), so a fixed number of conversations
+cannot promise a time. The recipe first runs its own stages on a small calibration set
+(prepare-data, prepare-features, a few training steps and one vLLM probe), then this script
+turns their measured costs into the number of conversations that fits the budget:
+
+    dtype TARGET_DIR   the target's dtype here: bfloat16 unless fp32's forward is at least
+                       1.25x faster (CPUs whose bf16 matrix units are missing or hidden);
+                       prints float32 or bfloat16
+    size ...           prints shell assignments PROMPTS=, EPOCHS=, PLANNED_*= (seconds) for
+                       the recipe to source, and the plan in words on stderr
+
+The model is linear in conversations: each one costs its share of the calibration's
+generation time (prompt synthesis and both answers, as prepare-data's meta.json records it)
+and its tokens' share of feature extraction and of EPOCHS training passes (steady tokens/s);
+the data stage's start (imports, model load, engine start), the probes and a fixed allowance
+come on top. Feature extraction's start is counted as per-token cost, so that stage's
+estimate errs long, and the plan short.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import NoReturn
+
+FP32_MARGIN = 1.25  # fp32 must beat bf16 by this much: bf16 is what the target serves in
+FIXED_S = 90.0  # subset, model loads, two exports and the random-init floor (measured: 60-80 s)
+GRANULE = 16  # conversations: STEPS = EPOCHS * PROMPTS / 4 must split into 4 probe intervals
+MIN_PROMPTS = 64
+
+
+def forward_tokens_per_s(path: Path, dtype: str) -> float:
+    import torch
+
+    from eagle_train.target import FrozenTarget
+
+    target = FrozenTarget.from_pretrained(path, getattr(torch, dtype), "cpu")
+    ids = torch.randint(10, target.config.vocab_size, (4, 512), generator=torch.Generator())
+    mask = torch.ones_like(ids)
+
+    def forward() -> None:  # the layers, the final norm and the head's argmax
+        target.features(ids, mask, [1]).logits.max(-1)
+
+    with torch.no_grad():
+        forward()  # warm-up
+        start = time.perf_counter()
+        for _ in range(2):
+            forward()
+    return 2 * ids.numel() / (time.perf_counter() - start)
+
+
+def choose_dtype(target_dir: Path) -> str:
+    bf16 = forward_tokens_per_s(target_dir / "bf16", "bfloat16")
+    fp32 = forward_tokens_per_s(target_dir / "fp32", "float32")
+    choice = "float32" if fp32 >= FP32_MARGIN * bf16 else "bfloat16"
+    print(
+        f"target forward on this CPU: bf16 {bf16:.0f} tokens/s, fp32 {fp32:.0f} tokens/s "
+        f"-> {choice}",
+        file=sys.stderr,
+    )
+    return choice
+
+
+def fail(message: str) -> NoReturn:
+    print(message, file=sys.stderr)
+    raise SystemExit(2)
+
+
+def stage_seconds(times: Path) -> dict[str, float]:
+    """The last recorded wall time of each stage in the recipe's stage_times.tsv."""
+    out = {}
+    for line in times.read_text().splitlines():
+        name, seconds, *_ = line.split("\t")
+        out[name] = float(seconds)
+    return out
+
+
+def size(args: argparse.Namespace) -> dict[str, float]:
+    walls = stage_seconds(args.times)
+    meta = json.loads((args.data / "meta.json").read_text())
+    rows, tokens = meta["counts"]["rows"], meta["counts"]["tokens"]
+    # prepare-data's own generation time (synthesis and answers, without the engine's start)
+    parts = [(meta.get(k) or {}).get("seconds") for k in ("synthesis", "regeneration")]
+    data_work = walls["calibrate-data"]
+    if None in parts:  # data from before prepare-data recorded it
+        print(
+            f"{args.data}/meta.json: no generation seconds, the stage's wall time counts",
+            file=sys.stderr,
+        )
+    else:
+        data_work = sum(parts)
+    records = [json.loads(line) for line in (args.run / "metrics.jsonl").read_text().splitlines()]
+    train = [r["tokens_per_s"] for r in records if r["split"] == "train"][1:]  # after warm-up
+    probes = [r["seconds"] for r in records if r["split"] == "acceptance"]
+    if not train or not probes:
+        fail(f"{args.run}/metrics.jsonl: expected 2+ logged training steps and a probe")
+    per_row = tokens / rows
+    data_start = walls["calibrate-data"] - data_work  # imports, model load, engine start
+    data_s = data_work / rows  # per conversation (synthesis + both answers)
+    feature_s = walls["calibrate-features"] / tokens  # per token
+    train_tps = statistics.mean(train)
+    probe_s = max(probes)
+    fixed = data_start + args.holdout * data_s + args.probes * probe_s + FIXED_S
+    per_prompt = data_s + per_row * feature_s + args.epochs * per_row / train_tps
+    room = args.minutes * 60 - args.spent - fixed
+    prompts = int(room / per_prompt) // GRANULE * GRANULE
+    if prompts < MIN_PROMPTS:
+        fail(
+            f"MINUTES={args.minutes:g}: after {args.spent:.0f} s of calibration this machine has "
+            f"room for {max(prompts, 0)} conversations, at least {MIN_PROMPTS} are needed "
+            "(raise MINUTES)"
+        )
+    return {
+        "PROMPTS": prompts,
+        "EPOCHS": args.epochs,
+        "PLANNED_DATA_S": round(data_start + (prompts + args.holdout) * data_s),
+        "PLANNED_FEATURES_S": round(prompts * per_row * feature_s),
+        "PLANNED_TRAIN_S": round(
+            args.epochs * prompts * per_row / train_tps + args.probes * probe_s
+        ),
+        "PLANNED_TOTAL_S": round(args.spent + fixed + prompts * per_prompt),
+        "CALIBRATION_S": round(args.spent),
+        "TRAIN_TOKENS_PER_S": round(train_tps),
+    }
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = p.add_subparsers(dest="command", required=True)
+    d = sub.add_parser("dtype", help="bfloat16 or float32, whichever suits this CPU")
+    d.add_argument("target", type=Path, help="the directory holding bf16/ and fp32/")
+    s = sub.add_parser("size", help="conversations and epochs that fit the budget")
+    s.add_argument("--minutes", type=float, required=True)
+    s.add_argument("--spent", type=float, default=0.0, help="seconds of the budget already used")
+    s.add_argument("--times", type=Path, required=True, help="the recipe's stage_times.tsv")
+    s.add_argument("--data", type=Path, required=True, help="the calibration's prepared data")
+    s.add_argument("--run", type=Path, required=True, help="the calibration's training run")
+    s.add_argument("--epochs", type=int, default=3)
+    s.add_argument("--holdout", type=int, default=32, help="probe prompts written beside them")
+    s.add_argument("--probes", type=int, default=4, help="vLLM probes during training")
+    args = p.parse_args()
+    if args.command == "dtype":
+        print(choose_dtype(args.target))
+        return
+    plan = size(args)
+    for key, value in plan.items():
+        print(f"{key}={value}")
+    print(
+        f"plan for {args.minutes:g} minutes: {plan['PROMPTS']} conversations x {args.epochs} "
+        f"epochs; data {plan['PLANNED_DATA_S']} s, features {plan['PLANNED_FEATURES_S']} s, "
+        f"training {plan['PLANNED_TRAIN_S']} s ({plan['TRAIN_TOKENS_PER_S']} tokens/s, "
+        f"{args.probes} probes), calibration {plan['CALIBRATION_S']} s, "
+        f"{FIXED_S:.0f} s fixed: {plan['PLANNED_TOTAL_S']} s",
+        file=sys.stderr,
+    )
+
+
+if __name__ == "__main__":
+    main()
