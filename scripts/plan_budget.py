@@ -30,6 +30,8 @@ import time
 from pathlib import Path
 from typing import NoReturn
 
+from eagle_train.metrics import read_metrics
+
 FP32_MARGIN = 1.25  # fp32 must beat bf16 by this much: bf16 is what the target serves in
 FIXED_S = 90.0  # subset, model loads, two exports and the random-init floor (measured: 60-80 s)
 GRANULE = 16  # conversations: STEPS = EPOCHS * PROMPTS / 4 must split into 4 probe intervals
@@ -96,9 +98,9 @@ def size(args: argparse.Namespace) -> dict[str, float]:
         )
     else:
         data_work = sum(parts)
-    records = [json.loads(line) for line in (args.run / "metrics.jsonl").read_text().splitlines()]
-    train = [r["tokens_per_s"] for r in records if r["split"] == "train"][1:]  # after warm-up
-    probes = [r["seconds"] for r in records if r["split"] == "acceptance"]
+    metrics = args.run / "metrics.jsonl"
+    train = [r["tokens_per_s"] for r in read_metrics(metrics, "train")][1:]  # after warm-up
+    probes = [r["seconds"] for r in read_metrics(metrics, "acceptance")]
     if not train or not probes:
         fail(f"{args.run}/metrics.jsonl: expected 2+ logged training steps and a probe")
     per_row = tokens / rows
