@@ -107,8 +107,16 @@ def test_loss_uses_target_distribution_restricted_to_draft_vocab() -> None:
     mask, lengths = torch.ones(1, length, dtype=torch.long), torch.tensor([length])
     ids = torch.tensor([1, 3, 5, 6])
     greedy = target_logits.argmax(-1)
+    # one row, every token supervised: step 0's slots are 0 .. length - 3
     stats = eagle3_loss(
-        draft_logits, target_logits[..., ids], greedy, vocab, mask, lengths, d2t, 0.8
+        [draft_logits[0][0, : length - 2]],
+        target_logits[..., ids],
+        greedy,
+        vocab,
+        mask,
+        lengths,
+        d2t,
+        0.8,
     )
     expected = []
     for t in range(length - 2):  # slots whose x_{t+2} exists
@@ -134,7 +142,9 @@ def test_drop_out_of_vocab_leaves_out_slots_the_draft_cannot_propose() -> None:
         return -(p * torch.log_softmax(draft_logits[step][0, t], -1)).sum()
 
     target_draft, greedy = target_logits[..., ids], target_logits.argmax(-1)
-    stats = eagle3_loss(draft_logits, target_draft, greedy, vocab, mask, lengths, d2t, 0.5, True)
+    # every token supervised: step k reads slots 0 .. length - 3 - k
+    at_slots = [draft_logits[k][0, : length - 2 - k] for k in range(2)]
+    stats = eagle3_loss(at_slots, target_draft, greedy, vocab, mask, lengths, d2t, 0.5, True)
     # step 0: slots 0..3 read positions 1..4 -> kept 0 and 2; step 1: slots 0..2 read
     # positions 2..4 -> kept 1 (position 3). Weights 0.5^k normalised: 2/3, 1/3.
     step0 = (soft_ce(0, 0) + soft_ce(0, 2)) / 2
@@ -142,7 +152,7 @@ def test_drop_out_of_vocab_leaves_out_slots_the_draft_cannot_propose() -> None:
     assert stats.loss.item() == pytest.approx((2 / 3 * step0 + 1 / 3 * step1).item(), rel=1e-5)
     # metrics still count every supervised slot (what serving would see)
     assert stats.valid[0].int().tolist() == [[1, 1, 1, 1, 0, 0]]
-    kept = eagle3_loss(draft_logits, target_draft, greedy, vocab, mask, lengths, d2t, 0.5, False)
+    kept = eagle3_loss(at_slots, target_draft, greedy, vocab, mask, lengths, d2t, 0.5, False)
     all0 = torch.stack([soft_ce(0, t) for t in range(4)]).mean()
     assert kept.step_losses[0] == pytest.approx(all0.item(), rel=1e-5)
 
@@ -177,3 +187,57 @@ def test_compute_loss_backpropagates_to_draft_only(target: FrozenTarget) -> None
     assert result.weight == 10 + 7
     assert all(p.grad is not None for p in draft.parameters() if p.requires_grad)
     assert all(p.grad is None for p in target.parameters())
+
+
+def test_compute_loss_on_supervised_slots_equals_the_full_logits_reference(
+    target: FrozenTarget,
+) -> None:
+    """The training step asks the head for supervised slots only (``head_at``): its loss, its
+    gradients and acc_0 equal a soft CE written by hand over the draft's full logits, on a
+    batch with a prompt (unsupervised) and right padding, through a draft vocabulary."""
+    from eagle_train.data.vocab import build_vocab_mapping
+
+    vocab = build_vocab_mapping(torch.arange(target.config.vocab_size).flip(0), 48)
+    cfg = Eagle3Config(aux_layer_ids=[1, 2, 3], ttt_steps=3, copy_supervision=0.0)
+    torch.manual_seed(0)
+    draft = SPEC.build(cfg, target, vocab)
+    ids = torch.randint(3, target.config.vocab_size, (2, 14))
+    mask = torch.zeros_like(ids)
+    mask[0, 5:] = 1  # a 5-token prompt, then the answer
+    mask[1, 3:10] = 1  # answer to 10, then 4 tokens of padding
+    lengths = torch.tensor([14, 10])
+    batch = Batch(ids, mask, (torch.arange(14) < lengths[:, None]).long(), lengths)
+    features = target.features(ids, None, SPEC.target_layer_ids(cfg, target.description))
+
+    result = SPEC.compute_loss(draft, features, batch, cfg)
+    result.loss.backward()
+    got = [p.grad.clone() for p in draft.parameters() if p.requires_grad]
+    draft.zero_grad()
+
+    full = draft(features.aux, ids, 3).logits  # (B, T, Vd) at every slot
+    draft_ids = torch.arange(48) + draft.d2t
+    target_draft = features.logits[..., draft_ids]
+    weights = [1 / 2.44, 0.8 / 2.44, 0.64 / 2.44]
+    loss, right, slots0 = torch.zeros(()), 0, 0
+    for k in range(3):
+        terms = []
+        for i in range(2):
+            for s in range(14):
+                label = s + 2 + k
+                if label >= lengths[i] or mask[i, label] == 0:
+                    continue
+                p = torch.softmax(target_draft[i, label - 1], -1)
+                terms.append(-(p * torch.log_softmax(full[k][i, s], -1)).sum())
+                if k == 0:
+                    slots0 += 1
+                    top = features.logits[i, label - 1].argmax()
+                    right += int(draft_ids[full[0][i, s].argmax()] == top)
+        loss = loss + weights[k] * torch.stack(terms).mean()
+    loss.backward()
+    want = [p.grad for p in draft.parameters() if p.requires_grad]
+
+    assert result.loss.item() == pytest.approx(loss.item(), rel=1e-5)
+    assert result.weight == slots0 == 9 + 7  # slots 3..11 and 1..7
+    assert result.metrics["acc_0"] == pytest.approx(right / slots0)
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-6)

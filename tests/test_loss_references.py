@@ -26,7 +26,18 @@ def test_eagle3_loss_k3_matches_a_hand_reference() -> None:
     loss_mask = torch.tensor([[0, 0, 1, 1, 1, 0, 1, 1, 1], [0, 1, 1, 1, 1, 1, 1, 0, 0]])
     lengths = torch.tensor([9, 7])
     target_draft, greedy = target_logits[..., ids], target_logits.argmax(-1)
-    stats = eagle3_loss(draft_logits, target_draft, greedy, vocab, loss_mask, lengths, d2t, 0.8)
+    # The loss reads step k's logits at its supervised slots only, in row-major order.
+    supervised = [
+        [
+            (i, s)
+            for i in range(b)
+            for s in range(t)
+            if s + 2 + k < lengths[i] and loss_mask[i, s + 2 + k] == 1
+        ]
+        for k in range(3)
+    ]
+    at_slots = [torch.stack([draft_logits[k][i, s] for i, s in supervised[k]]) for k in range(3)]
+    stats = eagle3_loss(at_slots, target_draft, greedy, vocab, loss_mask, lengths, d2t, 0.8)
 
     total = 0.0
     for k in range(3):

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from eagle_train.drafts.eagle_family import shift_left, valid_slots
+from eagle_train.drafts.eagle_family import valid_slots
 
 
 @dataclass
@@ -44,8 +44,11 @@ def eagle3_loss(
 ) -> StepStats:
     """Forward KL (soft CE) to the target distribution restricted to the draft vocab.
 
-    ``target_draft`` (B, T, Vd): the target's logits of the draft vocabulary's tokens (in
-    draft order); ``target_greedy`` (B, T): the target's argmax over its whole vocabulary of
+    ``draft_logits[k]`` (N_k, Vd): step k's logits at its supervised slots only, those of
+    ``supervised_slots(loss_mask, lengths, K)[k]`` in row-major order (the draft's
+    ``head_at``), so no head compute goes to prompt or padding slots. ``target_draft``
+    (B, T, Vd): the target's logits of the draft vocabulary's tokens (in draft order);
+    ``target_greedy`` (B, T): the target's argmax over its whole vocabulary of
     ``vocab_size`` tokens (what greedy verification accepts).
 
     ``drop_out_of_vocab``: slots whose target argmax is outside the draft vocabulary (the
@@ -57,20 +60,31 @@ def eagle3_loss(
     total = draft_logits[0].new_zeros((), dtype=torch.float32)
     step_losses, correct, valid = [], [], []
     in_vocab = in_draft_vocab(target_greedy, draft_to_target, vocab_size)
-    for k, logits in enumerate(draft_logits):
-        mask = valid_slots(loss_mask, lengths, k)
-        trained = mask & shift_left(in_vocab, 1 + k) if drop_out_of_vocab else mask
-        # the target at t+1+k
-        p = torch.softmax(shift_left(target_draft, 1 + k).float(), dim=-1)
-        logq = torch.log_softmax(logits.float(), dim=-1)
-        per_slot = -(p * logq).sum(-1)
-        denom = trained.sum().clamp(min=1)
-        step_loss = (per_slot * trained).sum() / denom
+    for k, (logits, mask) in enumerate(
+        zip(draft_logits, supervised_slots(loss_mask, lengths, len(draft_logits)), strict=True)
+    ):
+        rows, slots = mask.nonzero(as_tuple=True)  # row-major, as the draft's head_at
+        target_at = (rows, slots + 1 + k)  # the target at t+1+k predicts x_{t+2+k}
+        p = torch.softmax(target_draft[target_at].float(), dim=-1)
+        per_slot = -(p * torch.log_softmax(logits.float(), dim=-1)).sum(-1)
+        if drop_out_of_vocab:
+            trained = in_vocab[target_at]
+            step_loss = (per_slot * trained).sum() / trained.sum().clamp(min=1)
+        else:
+            step_loss = per_slot.sum() / max(len(per_slot), 1)
         total = total + weights[k] * step_loss
         step_losses.append(step_loss.item())
-        correct.append(draft_to_target[logits.argmax(-1)] == shift_left(target_greedy, 1 + k))
+        right = torch.zeros_like(mask)
+        right[mask] = draft_to_target[logits.argmax(-1)] == target_greedy[target_at]
+        correct.append(right)
         valid.append(mask)
     return StepStats(loss=total, step_losses=step_losses, correct=correct, valid=valid)
+
+
+def supervised_slots(loss_mask: Tensor, lengths: Tensor, num_steps: int) -> list[Tensor]:
+    """Per TTT step k, (B, T) bool: the slots whose drafted token x_{t+2+k} is supervised
+    (the slots ``eagle3_loss`` reads ``draft_logits[k]`` at)."""
+    return [valid_slots(loss_mask, lengths, k) for k in range(num_steps)]
 
 
 def in_draft_vocab(target_ids: Tensor, draft_to_target: Tensor, vocab_size: int) -> Tensor:

@@ -32,7 +32,9 @@ from eagle_train.target import TargetDescription
 
 @dataclass
 class DraftOutput:
-    logits: list[Tensor]  # per TTT step: (B, T, Vd) at slot t, predicting x_{t+2+step}
+    # Per TTT step: (B, T, Vd) at slot t, predicting x_{t+2+step}; with ``head_at``, (N, Vd)
+    # at that step's N selected slots only (row-major order).
+    logits: list[Tensor]
     # The copy heads' queries and keys (B, N, T, D) at each of the first ``copy_steps`` TTT
     # steps, rotary applied: what copy supervision trains (drafts/eagle3/copy_loss.py).
     copy_qk: list[tuple[Tensor, Tensor]]
@@ -96,13 +98,20 @@ class Eagle3Draft(FusedInput):
         return h
 
     def forward(
-        self, aux: Tensor, input_ids: Tensor, num_steps: int, copy_steps: int = 0
+        self,
+        aux: Tensor,
+        input_ids: Tensor,
+        num_steps: int,
+        copy_steps: int = 0,
+        head_at: list[Tensor] | None = None,
     ) -> DraftOutput:
         """``aux`` (B,T,n*TH) target features at slot t; ``input_ids`` (B,T) the sequence x.
 
         Step k at slot t takes token x_{t+1+k} at RoPE position t+k. Tokens past the end
         are padded with the last id; their slots are masked out by the loss. ``copy_steps``:
-        also return the copy heads' queries and keys at that many first steps.
+        also return the copy heads' queries and keys at that many first steps. ``head_at``:
+        per step a (B,T) bool of the slots whose logits are wanted (training: the supervised
+        ones); the head, a third of a step's compute, then skips prompt and padding slots.
         """
         b, t = input_ids.shape
         hidden = self.fuse(aux)
@@ -114,6 +123,6 @@ class Eagle3Draft(FusedInput):
             tokens = shift_left(input_ids, 1 + k)
             out = self.step(hidden, tokens, base + k, kv, probe if k < copy_steps else None)
             normed = self.norm(out)
-            logits.append(self.lm_head(normed))
+            logits.append(self.lm_head(normed if head_at is None else normed[head_at[k]]))
             hidden = normed if self.norm_output else out
         return DraftOutput(logits=logits, copy_qk=probe)

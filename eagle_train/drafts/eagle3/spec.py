@@ -15,7 +15,7 @@ from eagle_train.drafts.cycles import cycle_metrics
 from eagle_train.drafts.eagle3 import export
 from eagle_train.drafts.eagle3.config import Eagle3Config
 from eagle_train.drafts.eagle3.copy_loss import copy_attention_loss
-from eagle_train.drafts.eagle3.loss import accuracy_metrics, eagle3_loss
+from eagle_train.drafts.eagle3.loss import accuracy_metrics, eagle3_loss, supervised_slots
 from eagle_train.drafts.eagle3.model import Eagle3Draft
 from eagle_train.drafts.eagle_family import (
     DraftShape,
@@ -81,7 +81,8 @@ class Eagle3Spec:
         module = getattr(draft, "module", draft)  # DDP-wrapped or not
         copy_steps = cfg.copy_steps if cfg.copy_supervision > 0 else 0
         aux = features.aux.to(module.fc.weight.dtype)
-        out = draft(aux, batch.input_ids, cfg.ttt_steps, copy_steps)
+        head_at = supervised_slots(batch.loss_mask, batch.lengths, cfg.ttt_steps)
+        out = draft(aux, batch.input_ids, cfg.ttt_steps, copy_steps, head_at)
         stats = eagle3_loss(
             out.logits,
             features.logits_of(draft_ids(module)),
