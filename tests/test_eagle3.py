@@ -189,16 +189,25 @@ def test_compute_loss_backpropagates_to_draft_only(target: FrozenTarget) -> None
     assert all(p.grad is None for p in target.parameters())
 
 
+@pytest.mark.parametrize("num_layers", [1, 2])
 def test_compute_loss_on_supervised_slots_equals_the_full_logits_reference(
-    target: FrozenTarget,
+    target: FrozenTarget, num_layers: int
 ) -> None:
-    """The training step asks the head for supervised slots only (``head_at``): its loss, its
-    gradients and acc_0 equal a soft CE written by hand over the draft's full logits, on a
-    batch with a prompt (unsupervised) and right padding, through a draft vocabulary."""
+    """The training step computes only the slots some loss term reads (``head_at``): its
+    loss, its gradients and acc_0 equal a soft CE written by hand over the draft's logits at
+    every slot (plus the copy loss of that full forward), on a batch with a prompt
+    (unsupervised) and right padding, through a draft vocabulary, with 1 and 2 layers."""
     from eagle_train.data.vocab import build_vocab_mapping
+    from eagle_train.drafts.eagle3.copy_loss import copy_attention_loss
 
     vocab = build_vocab_mapping(torch.arange(target.config.vocab_size).flip(0), 48)
-    cfg = Eagle3Config(aux_layer_ids=[1, 2, 3], ttt_steps=3, copy_supervision=0.0)
+    cfg = Eagle3Config(
+        aux_layer_ids=[1, 2, 3],
+        ttt_steps=3,
+        num_layers=num_layers,
+        copy_supervision=1.0,
+        copy_steps=3,
+    )
     torch.manual_seed(0)
     draft = SPEC.build(cfg, target, vocab)
     ids = torch.randint(3, target.config.vocab_size, (2, 14))
@@ -214,7 +223,8 @@ def test_compute_loss_on_supervised_slots_equals_the_full_logits_reference(
     got = [p.grad.clone() for p in draft.parameters() if p.requires_grad]
     draft.zero_grad()
 
-    full = draft(features.aux, ids, 3).logits  # (B, T, Vd) at every slot
+    out = draft(features.aux, ids, 3, 3)
+    full = out.logits  # (B, T, Vd) at every slot
     draft_ids = torch.arange(48) + draft.d2t
     target_draft = features.logits[..., draft_ids]
     weights = [1 / 2.44, 0.8 / 2.44, 0.64 / 2.44]
@@ -233,6 +243,7 @@ def test_compute_loss_on_supervised_slots_equals_the_full_logits_reference(
                     top = features.logits[i, label - 1].argmax()
                     right += int(draft_ids[full[0][i, s].argmax()] == top)
         loss = loss + weights[k] * torch.stack(terms).mean()
+    loss = loss + copy_attention_loss(out.copy_qk, ids, mask, lengths).loss
     loss.backward()
     want = [p.grad for p in draft.parameters() if p.requires_grad]
 

@@ -5,6 +5,7 @@ config and tensor table of the fused-layer drafter (EAGLE-3 and P-EAGLE)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -82,19 +83,42 @@ class Attention(nn.Module):
             self.k_norm = RMSNorm(s.head_dim, s.rms_norm_eps)
         self.backend = "auto"  # TTT attention kernel (draft.attention), set by set_backend
 
-    def project(self, x: Tensor, rope: tuple[Tensor, Tensor]) -> tuple[Tensor, Tensor, Tensor]:
-        """(B,T,in) -> q (B,h,T,D) and k, v repeated to h heads (GQA), rotary applied."""
+    def project(
+        self, x: Tensor, rope: tuple[Tensor, Tensor], rows: Tensor | None = None
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """(B,T,in) -> q (B,h,T,D) and k, v repeated to h heads (GQA), rotary applied.
+        ``rows`` (B,T) bool: project those slots only, zeros elsewhere (``at_rows``)."""
         b, t, _ = x.shape
         s = self.s
-        q = self.q_proj(x).view(b, t, s.num_heads, s.head_dim)
-        k = self.k_proj(x).view(b, t, s.num_kv_heads, s.head_dim)
-        v = self.v_proj(x).view(b, t, s.num_kv_heads, s.head_dim)
+        q = at_rows(self.q_proj, x, rows).view(b, t, s.num_heads, s.head_dim)
+        k = at_rows(self.k_proj, x, rows).view(b, t, s.num_kv_heads, s.head_dim)
+        v = at_rows(self.v_proj, x, rows).view(b, t, s.num_kv_heads, s.head_dim)
         if s.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k, v = (y.transpose(1, 2) for y in (q, k, v))
         q, k = apply_rotary_pos_emb(q, k, *rope)
         groups = s.num_heads // s.num_kv_heads
         return q, k.repeat_interleave(groups, 1), v.repeat_interleave(groups, 1)
+
+
+def at_rows(fn: Callable[[Tensor], Tensor], x: Tensor, rows: Tensor | None) -> Tensor:
+    """``fn`` (a per-slot map, e.g. a linear layer or an MLP) of ``x`` (B,T,in) at the slots
+    ``rows`` (B,T) bool only, zeros at the others; all slots when ``rows`` is None. A
+    training-time-test step computes only the slots whose output some loss term reads."""
+    if rows is None:
+        return fn(x)
+    picked = fn(x[rows])
+    out = picked.new_zeros(*rows.shape, picked.shape[-1])
+    out[rows] = picked
+    return out
+
+
+def after_attention(layer: nn.Module, h: Tensor, attn: Tensor, rows: Tensor | None) -> Tensor:
+    """A decoder layer's residual stream ``h`` (B,T,H) after its attention ``attn``
+    (B,T,h*D): o_proj, then the post-attention norm and MLP, at ``rows`` only (None: every
+    slot; elsewhere the result is ``h`` unchanged)."""
+    h = h + at_rows(layer.self_attn.o_proj, attn, rows)
+    return h + at_rows(lambda y: layer.mlp(layer.post_attention_layernorm(y)), h, rows)
 
 
 class FusedLayer(nn.Module):
@@ -125,11 +149,15 @@ class DecoderLayer(nn.Module):
         rope: tuple[Tensor, Tensor],
         mask: object = None,
         kv: LayerKV | None = None,
+        rows: Tensor | None = None,
+        out_rows: Tensor | None = None,
     ) -> Tensor:
         """``h`` (B,N,H). Attention: ``mask`` (B,1,N,N) bool (True = may attend); None and
-        no ``kv`` = causal; with ``kv`` = a training-time-test chain step (keys appended)."""
+        no ``kv`` = causal; with ``kv`` = a training-time-test chain step (keys appended).
+        ``rows`` / ``out_rows`` (B,N) bool: compute q/k/v / the output only at those slots
+        (zeros elsewhere; None: all)."""
         x = h if self.input_layernorm is None else self.input_layernorm(h)
-        q, k, v = self.self_attn.project(x, rope)
+        q, k, v = self.self_attn.project(x, rope, rows)
         if kv:  # chain step >= 1: causal step-0 keys + this slot's own chain
             kd = torch.stack([kj for kj, _ in kv[1:]] + [k], dim=3)
             vd = torch.stack([vj for _, vj in kv[1:]] + [v], dim=3)
@@ -139,8 +167,7 @@ class DecoderLayer(nn.Module):
         if kv is not None:
             kv.append((k, v))
         b, _, n, _ = attn.shape
-        h = h + self.self_attn.o_proj(attn.transpose(1, 2).reshape(b, n, -1))
-        return h + self.mlp(self.post_attention_layernorm(h))
+        return after_attention(self, h, attn.transpose(1, 2).reshape(b, n, -1), out_rows)
 
 
 class FusedInput(nn.Module):

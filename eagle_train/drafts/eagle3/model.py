@@ -24,6 +24,7 @@ from eagle_train.drafts.eagle_family import (
     FusedInput,
     FusedLayer,
     LayerKV,
+    after_attention,
     shift_left,
 )
 from eagle_train.drafts.ttt_attention import ttt_attention
@@ -68,22 +69,27 @@ class Eagle3Draft(FusedInput):
         positions: Tensor,
         kv: list[LayerKV],
         probe: list[tuple[Tensor, Tensor]] | None = None,
+        rows: Tensor | None = None,
     ) -> Tensor:
         """One TTT step. ``hidden`` (B,T,H) is fuse(aux) at step 0, else the previous step's
         output (pre- or post-norm, per ``norm_output``); ``tokens`` (B,T) the next
         ground-truth token of each slot. Each layer's keys are appended to its ``kv`` list;
         ``probe``, when given, receives the first layer's copy heads' queries and keys.
-        Returns this step's pre-norm output (B,T,H)."""
+        ``rows`` (B,T) bool: the slots whose output this or a later step reads (None: all);
+        the others are left out of every per-slot product but the keys that step 0's
+        attention needs at every slot, and hold zeros. Returns this step's pre-norm output
+        (B,T,H)."""
+        first, last = not kv[0], len(self.layers) - 1
         layer = self.layers[0]
         x = torch.cat(
             [layer.input_layernorm(self.embed_tokens(tokens)), layer.hidden_norm(hidden)], dim=-1
         )
         rope = self.rotary(x, positions)
-        q, k, v = layer.self_attn.project(x, rope)
+        q, k, v = layer.self_attn.project(x, rope, None if first else rows)
         if probe is not None:
             probe.append((q[:, self.copy_heads], k[:, self.copy_heads]))
         cache = kv[0]
-        if not cache:  # step 0: plain causal attention over the real context
+        if first:  # step 0: plain causal attention over the real context
             attn = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         else:  # later steps: causal step-0 keys + this slot's chain (the diagonal)
             kd = torch.stack([kj for kj, _ in cache[1:]] + [k], dim=3)
@@ -91,10 +97,13 @@ class Eagle3Draft(FusedInput):
             attn = ttt_attention(q, cache[0][0], cache[0][1], kd, vd, layer.self_attn.backend)
         cache.append((k, v))
         b, _, t, _ = attn.shape
-        h = hidden + layer.self_attn.o_proj(attn.transpose(1, 2).reshape(b, t, -1))
-        h = h + layer.mlp(layer.post_attention_layernorm(h))
-        for later, later_kv in zip(self.layers[1:], kv[1:], strict=True):
-            h = later(h, rope, None, later_kv)
+        # At step 0 a layer's output at every slot feeds the next layer's keys; the last
+        # layer's only this step's head and the later steps.
+        out_rows = rows if not first or last == 0 else None
+        h = after_attention(layer, hidden, attn.transpose(1, 2).reshape(b, t, -1), out_rows)
+        for i, (later, later_kv) in enumerate(zip(self.layers[1:], kv[1:], strict=True), 1):
+            out_rows = rows if not first or i == last else None
+            h = later(h, rope, None, later_kv, None if first else rows, out_rows)
         return h
 
     def forward(
@@ -111,7 +120,8 @@ class Eagle3Draft(FusedInput):
         are padded with the last id; their slots are masked out by the loss. ``copy_steps``:
         also return the copy heads' queries and keys at that many first steps. ``head_at``:
         per step a (B,T) bool of the slots whose logits are wanted (training: the supervised
-        ones); the head, a third of a step's compute, then skips prompt and padding slots.
+        ones); the head and every per-slot product whose result no wanted logit depends on
+        then skip the prompt and padding slots (``needed_slots``).
         """
         b, t = input_ids.shape
         hidden = self.fuse(aux)
@@ -119,10 +129,27 @@ class Eagle3Draft(FusedInput):
         kv: list[LayerKV] = [[] for _ in self.layers]
         logits: list[Tensor] = []
         probe: list[tuple[Tensor, Tensor]] = []
+        rows = None if head_at is None else needed_slots(head_at)
         for k in range(num_steps):
             tokens = shift_left(input_ids, 1 + k)
-            out = self.step(hidden, tokens, base + k, kv, probe if k < copy_steps else None)
+            out = self.step(
+                hidden,
+                tokens,
+                base + k,
+                kv,
+                probe if k < copy_steps else None,
+                None if rows is None else rows[k],
+            )
             normed = self.norm(out)
             logits.append(self.lm_head(normed if head_at is None else normed[head_at[k]]))
             hidden = normed if self.norm_output else out
         return DraftOutput(logits=logits, copy_qk=probe)
+
+
+def needed_slots(head_at: list[Tensor]) -> list[Tensor]:
+    """Per step k, (B,T) bool: the slots whose step-k output is read, by the head at k or,
+    through the slot's own chain, at a later step (``head_at[k] | head_at[k+1] | ...``)."""
+    rows = [head_at[-1]]
+    for wanted in reversed(head_at[:-1]):
+        rows.append(rows[-1] | wanted)
+    return rows[::-1]
