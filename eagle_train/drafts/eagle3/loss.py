@@ -59,7 +59,9 @@ def eagle3_loss(
     weights = step_weights(len(draft_logits), decay)
     total = draft_logits[0].new_zeros((), dtype=torch.float32)
     step_losses, correct, valid = [], [], []
-    in_vocab = in_draft_vocab(target_greedy, draft_to_target, vocab_size)
+    in_vocab = (
+        in_draft_vocab(target_greedy, draft_to_target, vocab_size) if drop_out_of_vocab else None
+    )
     for k, (logits, mask) in enumerate(
         zip(draft_logits, supervised_slots(loss_mask, lengths, len(draft_logits)), strict=True)
     ):
@@ -67,7 +69,7 @@ def eagle3_loss(
         target_at = (rows, slots + 1 + k)  # the target at t+1+k predicts x_{t+2+k}
         p = torch.softmax(target_draft[target_at].float(), dim=-1)
         per_slot = -(p * torch.log_softmax(logits.float(), dim=-1)).sum(-1)
-        if drop_out_of_vocab:
+        if in_vocab is not None:
             trained = in_vocab[target_at]
             step_loss = (per_slot * trained).sum() / trained.sum().clamp(min=1)
         else:
