@@ -12,12 +12,14 @@ turns their measured costs into the number of conversations that fits the budget
     size ...           prints shell assignments PROMPTS=, EPOCHS=, PLANNED_*= (seconds) for
                        the recipe to source, and the plan in words on stderr
 
-The model is linear in conversations: each one costs its share of the calibration's
-generation time (prompt synthesis and both answers, as prepare-data's meta.json records it)
-and its tokens' share of feature extraction and of EPOCHS training passes (steady tokens/s);
-the data stage's start (imports, model load, engine start), the probes and a fixed allowance
-come on top. Feature extraction's start is counted as per-token cost, so that stage's
-estimate errs long, and the plan short.
+The model is linear in conversations: each one costs its answers' share of the calibration's
+regeneration time, its prompt's share of synthesis time (per prompt that passed the filters:
+the calibration asks for one batch of samples, which overshoots its 128 prompts, where the
+full run's batches keep most of what they sample), its tokens' share of feature extraction
+(the shards' own seconds, from the cache's manifest) and of EPOCHS training passes (steady
+tokens/s). The data and feature stages' starts (imports, model load, engine start), the
+probes and a fixed allowance come on top. Planned against measured seconds:
+docs/results/2026-12-05-budget-plan.md and the pages after it.
 """
 
 from __future__ import annotations
@@ -84,20 +86,40 @@ def stage_seconds(times: Path) -> dict[str, float]:
     return out
 
 
+def generation_seconds(meta: dict, data: Path) -> tuple[float, float] | None:
+    """(seconds of generation the calibration spent, seconds per conversation a full run will
+    spend) from prepare-data's meta.json; None for data from before it recorded them."""
+    synthesis, regeneration = meta.get("synthesis") or {}, meta.get("regeneration") or {}
+    if "seconds" not in synthesis or "seconds" not in regeneration:
+        message = f"{data}/meta.json: no generation seconds, the stage's wall time counts"
+        print(message, file=sys.stderr)
+        return None
+    passed = synthesis.get("requests", 0) - sum((synthesis.get("rejected") or {}).values())
+    per_prompt = synthesis["seconds"] / max(passed, meta["counts"]["rows"])
+    spent = synthesis["seconds"] + regeneration["seconds"]
+    return spent, per_prompt + regeneration["seconds"] / meta["counts"]["rows"]
+
+
+def extraction_seconds(features: Path | None) -> float | None:
+    """The calibration's feature shards' own seconds (None: not recorded, or no cache named)."""
+    if features is None:
+        return None
+    files = json.loads((features / "train" / "manifest.json").read_text())["files"]
+    if any("seconds" not in f for f in files):
+        print(f"{features}: no extraction seconds, the stage's wall time counts", file=sys.stderr)
+        return None
+    return float(sum(f["seconds"] for f in files))
+
+
 def size(args: argparse.Namespace) -> dict[str, float]:
     walls = stage_seconds(args.times)
     meta = json.loads((args.data / "meta.json").read_text())
     rows, tokens = meta["counts"]["rows"], meta["counts"]["tokens"]
-    # prepare-data's own generation time (synthesis and answers, without the engine's start)
-    parts = [(meta.get(k) or {}).get("seconds") for k in ("synthesis", "regeneration")]
-    data_work = walls["calibrate-data"]
-    if None in parts:  # data from before prepare-data recorded it
-        print(
-            f"{args.data}/meta.json: no generation seconds, the stage's wall time counts",
-            file=sys.stderr,
-        )
-    else:
-        data_work = sum(parts)
+    generation = generation_seconds(meta, args.data)
+    data_work, data_s = walls["calibrate-data"], walls["calibrate-data"] / rows
+    if generation is not None:  # prepare-data's own time, without the engine's start
+        data_work, data_s = generation
+    extraction = extraction_seconds(args.features) or walls["calibrate-features"]
     metrics = args.run / "metrics.jsonl"
     train = [r["tokens_per_s"] for r in read_metrics(metrics, "train")][1:]  # after warm-up
     probes = [r["seconds"] for r in read_metrics(metrics, "acceptance")]
@@ -105,11 +127,11 @@ def size(args: argparse.Namespace) -> dict[str, float]:
         fail(f"{args.run}/metrics.jsonl: expected 2+ logged training steps and a probe")
     per_row = tokens / rows
     data_start = walls["calibrate-data"] - data_work  # imports, model load, engine start
-    data_s = data_work / rows  # per conversation (synthesis + both answers)
-    feature_s = walls["calibrate-features"] / tokens  # per token
+    features_start = walls["calibrate-features"] - extraction  # imports, the target's load
+    feature_s = extraction / tokens  # per token
     train_tps = statistics.mean(train)
     probe_s = max(probes)
-    fixed = data_start + args.holdout * data_s + args.probes * probe_s + FIXED_S
+    fixed = data_start + features_start + args.holdout * data_s + args.probes * probe_s + FIXED_S
     per_prompt = data_s + per_row * feature_s + args.epochs * per_row / train_tps
     room = args.minutes * 60 - args.spent - fixed
     prompts = int(room / per_prompt) // GRANULE * GRANULE
@@ -123,7 +145,7 @@ def size(args: argparse.Namespace) -> dict[str, float]:
         "PROMPTS": prompts,
         "EPOCHS": args.epochs,
         "PLANNED_DATA_S": round(data_start + (prompts + args.holdout) * data_s),
-        "PLANNED_FEATURES_S": round(prompts * per_row * feature_s),
+        "PLANNED_FEATURES_S": round(features_start + prompts * per_row * feature_s),
         "PLANNED_TRAIN_S": round(
             args.epochs * prompts * per_row / train_tps + args.probes * probe_s
         ),
@@ -143,6 +165,7 @@ def main() -> None:
     s.add_argument("--spent", type=float, default=0.0, help="seconds of the budget already used")
     s.add_argument("--times", type=Path, required=True, help="the recipe's stage_times.tsv")
     s.add_argument("--data", type=Path, required=True, help="the calibration's prepared data")
+    s.add_argument("--features", type=Path, help="the calibration's feature cache")
     s.add_argument("--run", type=Path, required=True, help="the calibration's training run")
     s.add_argument("--epochs", type=int, default=3)
     s.add_argument("--holdout", type=int, default=32, help="probe prompts written beside them")

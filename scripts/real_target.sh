@@ -122,7 +122,7 @@ if [ -z "${PROMPTS:-}" ]; then
         --resume auto
     python scripts/plan_budget.py size --minutes "$MINUTES" \
         --spent $(($(date +%s) - BUDGET_START)) --times "$TIMES" --data "$CAL/data" \
-        --run "$CAL/train" --epochs "${EPOCHS:-3}" --holdout $HOLDOUT > "$PLAN.tmp"
+        --features "$CAL/features" --run "$CAL/train" --epochs "${EPOCHS:-3}" --holdout $HOLDOUT > "$PLAN.tmp"
     printf "DTYPE=%s\nMINUTES=%s\n" "$DTYPE" "$MINUTES" >> "$PLAN.tmp"
     mv "$PLAN.tmp" "$PLAN"
     . "$PLAN"

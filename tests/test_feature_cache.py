@@ -83,6 +83,8 @@ def test_cached_rows_equal_the_targets_own_features(tiny_world, tiny_llama_data,
     whole = FrozenTarget.from_pretrained(cfg.target.path)
     manifest = json.loads((cache / "train" / "manifest.json").read_text())
     assert len(manifest["files"]) > 1 and manifest["layer_ids"] == [1, 2, 3]
+    # each shard's own seconds, which scripts/plan_budget.py sizes the feature stage from
+    assert all(f["seconds"] > 0 for f in manifest["files"])
     assert verify_cache(cache / "train") == []
     head = load_target_head(cfg.target.path, torch.bfloat16, torch.device("cpu"))
     source = CachedFeatures(

@@ -17,9 +17,15 @@ def calibration(tmp_path: Path, probe: bool = True) -> list[str]:
     times = "calibrate-data\t999\t1.0\ncalibrate-data\t120\t1.9\ncalibrate-features\t50\t1.8\n"
     (tmp_path / "times.tsv").write_text(times + "calibrate-train\t80\t1.9\n")
     counts = {"rows": 100, "tokens": 28000, "assistant_tokens": 20000}
-    # of the 120 s, 20 s started the engine: synthesis and answers took 25 + 75 s
-    meta = {"counts": counts, "synthesis": {"seconds": 25.0}, "regeneration": {"seconds": 75.0}}
+    # of the 120 s, 20 s started the engine: synthesis and answers took 25 + 75 s; 125 of
+    # the 200 samples passed the filters (100 kept), so a full run's prompt costs 0.2 s
+    synthesis = {"seconds": 25.0, "requests": 200, "rejected": {"cut_at_limit": 50, "x": 25}}
+    meta = {"counts": counts, "synthesis": synthesis, "regeneration": {"seconds": 75.0}}
     (tmp_path / "data" / "meta.json").write_text(json.dumps(meta))
+    # of the 50 s of calibrate-features, the shards took 18 + 22 s: 10 s loaded the target
+    (tmp_path / "features" / "train").mkdir(parents=True, exist_ok=True)
+    shards = {"files": [{"tokens": 13000, "seconds": 18.0}, {"tokens": 15000, "seconds": 22.0}]}
+    (tmp_path / "features" / "train" / "manifest.json").write_text(json.dumps(shards))
     rows = [
         {"split": "train", "step": 6, "tokens_per_s": 500.0},  # warm-up: not counted
         {"split": "train", "step": 12, "tokens_per_s": 1000.0},
@@ -29,7 +35,7 @@ def calibration(tmp_path: Path, probe: bool = True) -> list[str]:
     (tmp_path / "run" / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     return [
         "--times", str(tmp_path / "times.tsv"), "--data", str(tmp_path / "data"),
-        "--run", str(tmp_path / "run"),
+        "--features", str(tmp_path / "features"), "--run", str(tmp_path / "run"),
     ]  # fmt: skip
 
 
@@ -44,17 +50,36 @@ def test_the_plan_fills_the_budget_from_the_measured_costs(tmp_path: Path) -> No
     result = plan(["--minutes", "90", "--spent", "300", *calibration(tmp_path)])
     assert result.returncode == 0, result.stderr
     got = dict(line.split("=") for line in result.stdout.split())
-    # By hand: 1.0 s of generation per conversation ((25 + 75) s / 100), 280 tokens each at
-    # 50 s per 28,000 tokens of features, 3 epochs at 1,100 tokens/s: 2.2636 s each.
-    # Fixed: the engine's 20 s start, 32 held-out prompts' data, 4 probes of 40 s, 90 s: 302 s.
-    # Room: 5,400 - 300 - 302 = 4,798 s -> 2,119.6 conversations, 2,112 in granules of 16.
-    assert got["PROMPTS"] == "2112" and got["EPOCHS"] == "3"
-    assert got["PLANNED_DATA_S"] == str(20 + 2112 + 32)
-    assert got["PLANNED_TRAIN_S"] == str(round(3 * 2112 * 280 / 1100 + 160))
-    assert abs(int(got["PLANNED_TOTAL_S"]) - 5400) < 2.3 * 16  # within one granule
+    # By hand: 0.2 + 0.75 s of generation per conversation (25 s / 125 passing prompts,
+    # 75 s / 100 answered), 280 tokens each at 40 s per 28,000 tokens of features (0.4 s),
+    # 3 epochs at 1,100 tokens/s: 2.1136 s each. Fixed: the engine's 20 s start, the target's
+    # 10 s load, 32 held-out prompts' data, 4 probes of 40 s, 90 s: 310.4 s.
+    # Room: 5,400 - 300 - 310.4 = 4,789.6 s -> 2,266.1 conversations, 2,256 in granules of 16.
+    assert got["PROMPTS"] == "2256" and got["EPOCHS"] == "3"
+    assert got["PLANNED_DATA_S"] == str(round(20 + (2256 + 32) * 0.95))
+    assert got["PLANNED_FEATURES_S"] == str(round(10 + 2256 * 0.4))
+    assert got["PLANNED_TRAIN_S"] == str(round(3 * 2256 * 280 / 1100 + 160))
+    assert abs(int(got["PLANNED_TOTAL_S"]) - 5400) < 2.2 * 16  # within one granule
     fewer = plan(["--minutes", "90", "--spent", "300", "--epochs", "6", *calibration(tmp_path)])
-    # 6 epochs: 1.0 + 0.5 + 6 * 280 / 1100 = 3.0273 s each -> 1,584.9 -> 1,584
-    assert "PROMPTS=1584\n" in fewer.stdout
+    # 6 epochs: 0.95 + 0.4 + 6 * 280 / 1100 = 2.8773 s each -> 1,664.6 -> 1,664
+    assert "PROMPTS=1664\n" in fewer.stdout
+
+
+def test_without_recorded_seconds_the_stage_walls_count(tmp_path: Path) -> None:
+    """Data and a cache from before prepare-data / prepare-features recorded their own
+    seconds: the whole stage is per-conversation cost (the plan errs short, never long)."""
+    args = calibration(tmp_path)
+    meta = json.loads((tmp_path / "data" / "meta.json").read_text())
+    (tmp_path / "data" / "meta.json").write_text(json.dumps({"counts": meta["counts"]}))
+    (tmp_path / "features" / "train" / "manifest.json").write_text(
+        json.dumps({"files": [{"tokens": 28000}]})
+    )
+    result = plan(["--minutes", "90", "--spent", "300", *args])
+    assert result.returncode == 0, result.stderr
+    # 1.2 s (120 s / 100) + 0.5 s (50 s / 28,000 tokens x 280) + 0.7636 s = 2.4636 s each;
+    # fixed: 32 x 1.2 + 160 + 90 = 288.4 s -> (5,100 - 288.4) / 2.4636 = 1,953.1 -> 1,952
+    assert "PROMPTS=1952\n" in result.stdout
+    assert "no generation seconds" in result.stderr and "no extraction seconds" in result.stderr
 
 
 def test_a_budget_too_small_or_a_run_without_a_probe_is_refused(tmp_path: Path) -> None:

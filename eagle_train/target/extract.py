@@ -149,7 +149,12 @@ def extract_rows(
     return out
 
 
-def write_shard(out: Path, index: int, features: list[dict[str, torch.Tensor]]) -> None:
+def write_shard(
+    out: Path, index: int, features: list[dict[str, torch.Tensor]], started: float
+) -> None:
+    """Write one shard and its json; ``started`` (``time.perf_counter()`` when its extraction
+    began) gives the json's ``seconds``, the shard's extraction and writing without the
+    process's start (scripts/plan_budget.py sizes the feature stage from it)."""
     names = list(features[0])
     tensors = {name: torch.cat([f[name] for f in features]).contiguous() for name in names}
     lengths = [f[names[0]].shape[0] for f in features]
@@ -164,6 +169,7 @@ def write_shard(out: Path, index: int, features: list[dict[str, torch.Tensor]]) 
         "sha256": hashlib.sha256(data).hexdigest(),
         "rows": len(lengths),
         "tokens": int(offsets[-1]),
+        "seconds": round(time.perf_counter() - started, 3),
     }
     write_json(out / f"{name}.json", info)
 
@@ -213,7 +219,7 @@ def extract_split(
         features = extract_rows(
             target, rows[start:end], identity["layer_ids"], settings.batch_tokens, device
         )
-        write_shard(out, index, features)
+        write_shard(out, index, features, t0)
         written += 1
         log.info(
             "%s: %s rows %d..%d in %.1fs", out.name, shard_name(index), start, end,
