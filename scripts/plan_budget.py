@@ -25,14 +25,16 @@ docs/results/2026-12-05-budget-plan.md and the pages after it.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
 from pathlib import Path
 from typing import NoReturn
 
+from eagle_train.data.store import read_meta
+from eagle_train.errors import UserError
 from eagle_train.metrics import read_metrics
+from eagle_train.target.cache import FeatureCache
 
 FP32_MARGIN = 1.25  # fp32 must beat bf16 by this much: bf16 is what the target serves in
 FIXED_S = 90.0  # subset, model loads, two exports and the random-init floor (measured: 60-80 s)
@@ -104,7 +106,7 @@ def extraction_seconds(features: Path | None) -> float | None:
     """The calibration's feature shards' own seconds (None: not recorded, or no cache named)."""
     if features is None:
         return None
-    files = json.loads((features / "train" / "manifest.json").read_text())["files"]
+    files = FeatureCache(features / "train", check_sizes=False).manifest["files"]
     if any("seconds" not in f for f in files):
         print(f"{features}: no extraction seconds, the stage's wall time counts", file=sys.stderr)
         return None
@@ -113,7 +115,7 @@ def extraction_seconds(features: Path | None) -> float | None:
 
 def size(args: argparse.Namespace) -> dict[str, float]:
     walls = stage_seconds(args.times)
-    meta = json.loads((args.data / "meta.json").read_text())
+    meta = read_meta(args.data)
     rows, tokens = meta["counts"]["rows"], meta["counts"]["tokens"]
     generation = generation_seconds(meta, args.data)
     data_work, data_s = walls["calibrate-data"], walls["calibrate-data"] / rows
@@ -174,7 +176,10 @@ def main() -> None:
     if args.command == "dtype":
         print(choose_dtype(args.target))
         return
-    plan = size(args)
+    try:
+        plan = size(args)
+    except UserError as err:  # the calibration's data or cache unreadable: one line
+        fail(str(err))
     for key, value in plan.items():
         print(f"{key}={value}")
     print(

@@ -20,12 +20,15 @@ def calibration(tmp_path: Path, probe: bool = True) -> list[str]:
     # of the 120 s, 20 s started the engine: synthesis and answers took 25 + 75 s; 125 of
     # the 200 samples passed the filters (100 kept), so a full run's prompt costs 0.2 s
     synthesis = {"seconds": 25.0, "requests": 200, "rejected": {"cut_at_limit": 50, "x": 25}}
-    meta = {"counts": counts, "synthesis": synthesis, "regeneration": {"seconds": 75.0}}
+    meta = {"format": "eagle-train-prepared", "format_version": 1, "tokenizer": "t",
+            "max_length": 512, "counts": counts, "synthesis": synthesis,
+            "regeneration": {"seconds": 75.0}}  # fmt: skip
     (tmp_path / "data" / "meta.json").write_text(json.dumps(meta))
     # of the 50 s of calibrate-features, the shards took 18 + 22 s: 10 s loaded the target
     (tmp_path / "features" / "train").mkdir(parents=True, exist_ok=True)
-    shards = {"files": [{"tokens": 13000, "seconds": 18.0}, {"tokens": 15000, "seconds": 22.0}]}
-    (tmp_path / "features" / "train" / "manifest.json").write_text(json.dumps(shards))
+    shards = [{"tokens": 13000, "seconds": 18.0}, {"tokens": 15000, "seconds": 22.0}]
+    manifest = {"format_version": 2, "shards": [[0, 46], [46, 100]], "files": shards}
+    (tmp_path / "features" / "train" / "manifest.json").write_text(json.dumps(manifest))
     rows = [
         {"split": "train", "step": 6, "tokens_per_s": 500.0},  # warm-up: not counted
         {"split": "train", "step": 12, "tokens_per_s": 1000.0},
@@ -70,10 +73,10 @@ def test_without_recorded_seconds_the_stage_walls_count(tmp_path: Path) -> None:
     seconds: the whole stage is per-conversation cost (the plan errs short, never long)."""
     args = calibration(tmp_path)
     meta = json.loads((tmp_path / "data" / "meta.json").read_text())
-    (tmp_path / "data" / "meta.json").write_text(json.dumps({"counts": meta["counts"]}))
-    (tmp_path / "features" / "train" / "manifest.json").write_text(
-        json.dumps({"files": [{"tokens": 28000}]})
-    )
+    del meta["synthesis"], meta["regeneration"]
+    (tmp_path / "data" / "meta.json").write_text(json.dumps(meta))
+    manifest = {"format_version": 2, "shards": [[0, 100]], "files": [{"tokens": 28000}]}
+    (tmp_path / "features" / "train" / "manifest.json").write_text(json.dumps(manifest))
     result = plan(["--minutes", "90", "--spent", "300", *args])
     assert result.returncode == 0, result.stderr
     # 1.2 s (120 s / 100) + 0.5 s (50 s / 28,000 tokens x 280) + 0.7636 s = 2.4636 s each;
@@ -96,3 +99,7 @@ def test_a_budget_too_small_or_a_run_without_a_probe_is_refused(tmp_path: Path) 
     assert small.returncode == 2 and small.stdout == ""
     assert "MINUTES=8: after 300 s of calibration" in small.stderr
     assert "raise MINUTES" in small.stderr and "Traceback" not in small.stderr
+    (tmp_path / "data" / "meta.json").unlink()  # the calibration's data gone: one line
+    gone = plan(["--minutes", "90", *args])
+    assert gone.returncode == 2 and gone.stderr.count("\n") == 1
+    assert "not a prepared dataset" in gone.stderr
