@@ -169,7 +169,7 @@ def main() -> None:
     s.add_argument("--data", type=Path, required=True, help="the calibration's prepared data")
     s.add_argument("--features", type=Path, help="the calibration's feature cache")
     s.add_argument("--run", type=Path, required=True, help="the calibration's training run")
-    s.add_argument("--epochs", type=int, default=3)
+    s.add_argument("--epochs", type=int, required=True, help="passes over the conversations")
     s.add_argument("--holdout", type=int, default=32, help="probe prompts written beside them")
     s.add_argument("--probes", type=int, default=4, help="vLLM probes during training")
     args = p.parse_args()

@@ -50,7 +50,7 @@ def plan(args: list[str]) -> subprocess.CompletedProcess:
 
 
 def test_the_plan_fills_the_budget_from_the_measured_costs(tmp_path: Path) -> None:
-    result = plan(["--minutes", "90", "--spent", "300", *calibration(tmp_path)])
+    result = plan(["--minutes", "90", "--spent", "300", "--epochs", "3", *calibration(tmp_path)])
     assert result.returncode == 0, result.stderr
     got = dict(line.split("=") for line in result.stdout.split())
     # By hand: 0.2 + 0.75 s of generation per conversation (25 s / 125 passing prompts,
@@ -77,7 +77,7 @@ def test_without_recorded_seconds_the_stage_walls_count(tmp_path: Path) -> None:
     (tmp_path / "data" / "meta.json").write_text(json.dumps(meta))
     manifest = {"format_version": 2, "shards": [[0, 100]], "files": [{"tokens": 28000}]}
     (tmp_path / "features" / "train" / "manifest.json").write_text(json.dumps(manifest))
-    result = plan(["--minutes", "90", "--spent", "300", *args])
+    result = plan(["--minutes", "90", "--spent", "300", "--epochs", "3", *args])
     assert result.returncode == 0, result.stderr
     # 1.2 s (120 s / 100) + 0.5 s (50 s / 28,000 tokens x 280) + 0.7636 s = 2.4636 s each;
     # fixed: 32 x 1.2 + 160 + 90 = 288.4 s -> (5,100 - 288.4) / 2.4636 = 1,953.1 -> 1,952
@@ -87,7 +87,7 @@ def test_without_recorded_seconds_the_stage_walls_count(tmp_path: Path) -> None:
 
 def test_a_budget_too_small_or_a_run_without_a_probe_is_refused(tmp_path: Path) -> None:
     args = calibration(tmp_path, probe=False)
-    no_probe = plan(["--minutes", "90", *args])
+    no_probe = plan(["--minutes", "90", "--epochs", "3", *args])
     assert no_probe.returncode == 2
     assert no_probe.stderr.strip().endswith("expected 2+ logged training steps and a probe")
     (tmp_path / "run" / "metrics.jsonl").write_text(
@@ -95,11 +95,11 @@ def test_a_budget_too_small_or_a_run_without_a_probe_is_refused(tmp_path: Path) 
         + "".join(json.dumps({"split": "train", "step": s, "tokens_per_s": 1e3}) + "\n"
                   for s in (6, 12))
     )  # fmt: skip
-    small = plan(["--minutes", "8", "--spent", "300", *args])
+    small = plan(["--minutes", "8", "--spent", "300", "--epochs", "3", *args])
     assert small.returncode == 2 and small.stdout == ""
     assert "MINUTES=8: after 300 s of calibration" in small.stderr
     assert "raise MINUTES" in small.stderr and "Traceback" not in small.stderr
     (tmp_path / "data" / "meta.json").unlink()  # the calibration's data gone: one line
-    gone = plan(["--minutes", "90", *args])
+    gone = plan(["--minutes", "90", "--epochs", "3", *args])
     assert gone.returncode == 2 and gone.stderr.count("\n") == 1
     assert "not a prepared dataset" in gone.stderr
