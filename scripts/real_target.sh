@@ -103,6 +103,7 @@ PLAN=$OUT/plan.env
 if [ -f "$PLAN" ]; then
     eval "$(sed -n 's/^\([A-Z_]*\)=\([a-z0-9.]*\)$/\1=${\1:-\2}/p' "$PLAN")"
 fi
+EPOCHS=${EPOCHS:-4}  # after a kept plan, whose epochs win
 BUDGET_START=$(date +%s)
 [ -n "${DTYPE:-}" ] || DTYPE=$(python scripts/plan_budget.py dtype "$TARGET")
 case $DTYPE in
@@ -124,12 +125,12 @@ if [ -z "${PROMPTS:-}" ]; then
         --resume auto
     python scripts/plan_budget.py size --minutes "$MINUTES" \
         --spent $(($(date +%s) - BUDGET_START)) --times "$TIMES" --data "$CAL/data" \
-        --features "$CAL/features" --run "$CAL/train" --epochs "${EPOCHS:-4}" --holdout $HOLDOUT > "$PLAN.tmp"
+        --features "$CAL/features" --run "$CAL/train" --epochs "$EPOCHS" --holdout $HOLDOUT \
+        > "$PLAN.tmp"
     printf "DTYPE=%s\nMINUTES=%s\n" "$DTYPE" "$MINUTES" >> "$PLAN.tmp"
     mv "$PLAN.tmp" "$PLAN"
     . "$PLAN"
 fi
-EPOCHS=${EPOCHS:-4}
 [ -f "$PLAN" ] || printf 'PROMPTS=%s\nEPOCHS=%s\nDTYPE=%s\n' "$PROMPTS" "$EPOCHS" "$DTYPE" > "$PLAN"
 
 ALL=$DATA/synthesized-$((PROMPTS + HOLDOUT))
