@@ -168,3 +168,49 @@ def test_follow_ups_make_two_user_turns(renderer, tmp_path):
     assert load_follow_ups(None) == ()
     with pytest.raises(DataError, match=r"synthesize.follow_ups: .*none.txt: unreadable"):
         load_follow_ups(tmp_path / "none.txt")
+
+
+def test_passage_tasks_hand_the_target_its_own_answers(tmp_path):
+    from eagle_train.data.passages import passage_prompts
+    from eagle_train.data.stems import PASSAGE_TASKS, load_passage_tasks
+
+    long_a = " ".join(f"alpha{i}" for i in range(6))
+    long_b = " ".join(f"beta{i}" for i in range(7))
+    source = tmp_path / "answers.jsonl"
+    lines = [
+        {"messages": [{"role": "user", "content": "q0"}, {"role": "assistant", "content": long_a}]},
+        # too short (3 words < 5): skipped, counted
+        {"messages": [{"role": "user", "content": "q1"}, {"role": "assistant", "content": "a b c"}]},
+        # no assistant turn at all: skipped, counted
+        {"messages": [{"role": "user", "content": "q2"}]},
+        {"messages": [{"role": "user", "content": "q3"}, {"role": "assistant", "content": f" {long_b}\n"},
+                      {"role": "user", "content": "more"}, {"role": "assistant", "content": "x " * 9}]},
+        {"messages": [{"role": "user", "content": "q4"}, {"role": "assistant", "content": long_a}]},
+    ]  # fmt: skip
+    source.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    (tmp_path / "tasks.txt").write_text("Extract the names.\n\nList the points.\n")
+    cfg = SynthesizeConfig(
+        enabled=True,
+        num_prompts=2,
+        passages=source,
+        passage_tasks=tmp_path / "tasks.txt",
+        passage_min_words=5,
+    )
+    path = tmp_path / "prompts.jsonl"
+    report = passage_prompts(cfg, path)
+    records = [json.loads(line) for line in path.read_text().splitlines()]
+    # Task k mod 2, a blank line, the first answer of the k-th usable conversation (stripped);
+    # reading stops once two are kept (line 5 is never read).
+    assert [r["messages"] for r in records] == [
+        [{"role": "user", "content": f"Extract the names.\n\n{long_a}"}],
+        [{"role": "user", "content": f"List the points.\n\n{long_b}"}],
+    ]
+    assert (report.kept, report.requests, dict(report.rejected)) == (2, 4, {"too_short": 2})
+    assert load_passage_tasks("builtin") == PASSAGE_TASKS and len(set(PASSAGE_TASKS)) >= 12
+
+    with pytest.raises(DataError, match=r"answers.jsonl: no assistant answer of 50 words"):
+        passage_prompts(cfg.model_copy(update={"passage_min_words": 50}), tmp_path / "p2.jsonl")
+    assert not (tmp_path / "p2.jsonl").exists()
+    source.write_text('{"messages": [}\n')
+    with pytest.raises(DataError, match=r"answers.jsonl:1"):
+        passage_prompts(cfg, tmp_path / "p3.jsonl")

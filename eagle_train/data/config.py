@@ -113,6 +113,14 @@ class SynthesizeConfig(StrictModel):
     # (stems.py: rework the first answer, expand it, ...); a path: one request per line;
     # None: single-turn conversations.
     follow_ups: Literal["builtin"] | Path | None = None
+    # Passage tasks instead of sampled user turns: a JSONL of conversations (e.g. an earlier
+    # prepare-data's regenerated file); prompt k is passage task k mod len, a blank line and
+    # the first assistant answer (of passage_min_words words at least) of the k-th
+    # conversation there that has one, in file order. No sampling: the target then answers
+    # a text it wrote itself, repeating its words (passages.py).
+    passages: Path | None = None
+    passage_tasks: Literal["builtin"] | Path = "builtin"
+    passage_min_words: int = Field(default=30, ge=1)
     # Written as OpenAI JSONL (one user turn each); None -> "<output_dir>.prompts.jsonl".
     output_path: Path | None = None
 

@@ -25,6 +25,7 @@ from eagle_train.data.chat import ChatRenderer
 from eagle_train.data.config import HubDataset, PrepareDataConfig
 from eagle_train.data.errors import BadRecordPolicy, DataError
 from eagle_train.data.generation import GenerationBackend, GenerationSettings
+from eagle_train.data.passages import passage_prompts
 from eagle_train.data.records import (
     Record,
     RecordReader,
@@ -104,6 +105,9 @@ def prepare_data(cfg: PrepareDataConfig) -> PrepareReport:
     missing = [str(p) for p in cfg.inputs if not p.exists()]
     if missing:
         raise DataError(f"inputs not found: {', '.join(missing)}", reason="config")
+    passages = cfg.synthesize.passages
+    if passages is not None and not passages.is_file():
+        raise DataError(f"synthesize.passages: {passages}: file not found", reason="config")
     tokenizer = load_tokenizer(cfg.tokenizer)
     renderer = ChatRenderer(tokenizer, _read_template(cfg.chat_template), cfg.chat_template_kwargs)
     # The trainer builds the draft vocabulary (of the draft's configured size) from these.
@@ -277,8 +281,11 @@ def run_regeneration(
 def run_synthesis(
     cfg: PrepareDataConfig, renderer: ChatRenderer, backend: GenerationBackend
 ) -> SynthesisReport:
-    plan = regeneration_plan(cfg, renderer)
+    """The user prompts: sampled from the target, or passage tasks (``synthesize.passages``)."""
     path = synthesized_path(cfg)
+    if cfg.synthesize.passages is not None:
+        return passage_prompts(cfg.synthesize, path)
+    plan = regeneration_plan(cfg, renderer)
     start = time.perf_counter()
     report = synthesize_prompts(renderer, backend, cfg.synthesize, plan.stop_token_ids, path)
     report.seconds = time.perf_counter() - start

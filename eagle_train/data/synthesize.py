@@ -94,7 +94,7 @@ def synthesize_prompts(
     tok = renderer.tokenizer
     opening = user_turn_opening(renderer, cfg.system)
     stems = load_stems(cfg.stems) or ("",)
-    follow_ups = load_follow_ups(cfg.follow_ups)
+    load_follow_ups(cfg.follow_ups)  # a bad list fails before the sampling
     prompts = [renderer.encode(opening + stem) for stem in stems]
     markup = tuple(t for t in tok.all_special_tokens if t)
     stops = set(stop_ids)
@@ -127,16 +127,17 @@ def synthesize_prompts(
     report.kept = len(kept)
     if not kept:
         raise DataError(f"no usable prompts synthesised ({report.summary()})", reason="empty")
-    rng = random.Random(cfg.seed)
-    seconds = [rng.choice(follow_ups) for _ in kept] if follow_ups else None
-    _write_prompts(path, kept, seconds, cfg.system)
+    write_prompts(path, kept, cfg)
     log.info("%s", report.summary())
     return report
 
 
-def _write_prompts(
-    path: Path, prompts: list[str], seconds: list[str] | None, system: str | None
-) -> None:
+def write_prompts(path: Path, prompts: list[str], cfg: SynthesizeConfig) -> None:
+    """The prompts as OpenAI JSONL (temp + fsync + rename), each with its follow-up."""
+    follow_ups = load_follow_ups(cfg.follow_ups)
+    rng = random.Random(cfg.seed)
+    seconds = [rng.choice(follow_ups) for _ in prompts] if follow_ups else None
+    system = cfg.system
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
     with tmp.open("w", encoding="utf-8") as f:
