@@ -201,6 +201,7 @@ def test_passage_tasks_hand_the_target_its_own_answers(tmp_path):
     records = [json.loads(line) for line in path.read_text().splitlines()]
     # Task k mod 2, a blank line, the first answer of the k-th usable conversation (stripped);
     # reading stops once two are kept (line 5 is never read).
+    assert [r["id"] for r in records] == ["passage-000000", "passage-000001"]
     assert [r["messages"] for r in records] == [
         [{"role": "user", "content": f"Extract the names.\n\n{long_a}"}],
         [{"role": "user", "content": f"List the points.\n\n{long_b}"}],

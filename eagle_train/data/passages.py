@@ -5,7 +5,8 @@ their context, so a drafter trained on them learns little in-context copying, wh
 prompts with a pasted text (extract from it, reformat it, summarize it) are full of. Here
 prompt k is passage task k mod len, a blank line, and the k-th passage: the first assistant
 answer, of ``passage_min_words`` words at least, of a conversation in ``synthesize.passages``
-(file order, so the first N conversations give the first N passages). The texts are the
+(file order, so the first N conversations give the first N passages); their ids are
+``passage-<k>``, so they can be prepared beside synthesized prompts (``synth-<k>``). The texts are the
 target's own answers, so no external data enters. Follow-ups are drawn as for sampled
 prompts (``synthesize.py``).
 """
@@ -50,6 +51,6 @@ def passage_prompts(cfg: SynthesizeConfig, path: Path) -> SynthesisReport:
             reason="empty",
         )
     report.kept = len(kept)
-    write_prompts(path, kept, cfg)
+    write_prompts(path, kept, cfg, prefix="passage")
     report.seconds = time.perf_counter() - start
     return report

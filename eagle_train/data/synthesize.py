@@ -132,8 +132,11 @@ def synthesize_prompts(
     return report
 
 
-def write_prompts(path: Path, prompts: list[str], cfg: SynthesizeConfig) -> None:
-    """The prompts as OpenAI JSONL (temp + fsync + rename), each with its follow-up."""
+def write_prompts(
+    path: Path, prompts: list[str], cfg: SynthesizeConfig, prefix: str = "synth"
+) -> None:
+    """The prompts as OpenAI JSONL (temp + fsync + rename), each with its follow-up; ids are
+    ``<prefix>-<index>``, distinct per kind so that both kinds can be prepared together."""
     follow_ups = load_follow_ups(cfg.follow_ups)
     rng = random.Random(cfg.seed)
     seconds = [rng.choice(follow_ups) for _ in prompts] if follow_ups else None
@@ -147,7 +150,7 @@ def write_prompts(path: Path, prompts: list[str], cfg: SynthesizeConfig) -> None
             if seconds is not None:
                 messages.append({"role": "assistant", "content": ""})
                 messages.append({"role": "user", "content": seconds[i]})
-            f.write(json.dumps({"id": f"synth-{i:06d}", "messages": messages}) + "\n")
+            f.write(json.dumps({"id": f"{prefix}-{i:06d}", "messages": messages}) + "\n")
         f.flush()
         os.fsync(f.fileno())
     tmp.rename(path)
