@@ -6,20 +6,19 @@ prompts with a pasted text (extract from it, reformat it, summarize it) are full
 prompt k is passage task k mod len, a blank line, and the k-th passage: the first assistant
 answer, of ``passage_min_words`` words at least, of a conversation in ``synthesize.passages``
 (file order, so the first N conversations give the first N passages); their ids are
-``passage-<k>``, so they can be prepared beside synthesized prompts (``synth-<k>``). The texts are the
-target's own answers, so no external data enters. Follow-ups are drawn as for sampled
-prompts (``synthesize.py``).
+``passage-<k>``, so they can be prepared beside synthesized prompts (``synth-<k>``). The
+texts are the target's own answers, so no external data enters. Follow-ups are drawn as for
+sampled prompts (``synthesize.py``).
 """
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 from eagle_train.data.config import SynthesizeConfig
 from eagle_train.data.errors import DataError
-from eagle_train.data.records import iter_raw, parse_record
-from eagle_train.data.stems import load_passage_tasks
+from eagle_train.data.records import read_records
+from eagle_train.data.stems import load_follow_ups, load_passage_tasks
 from eagle_train.data.synthesize import SynthesisReport, write_prompts
 
 
@@ -28,15 +27,10 @@ def passage_prompts(cfg: SynthesizeConfig, path: Path) -> SynthesisReport:
     assert cfg.passages is not None
     source = cfg.passages  # prepare_data checked that it is a file
     tasks = load_passage_tasks(cfg.passage_tasks)
-    start = time.perf_counter()
+    follow_ups = load_follow_ups(cfg.follow_ups)
     report = SynthesisReport(path=path)
     kept: list[str] = []
-    for line, obj in iter_raw(source):
-        if len(kept) == cfg.num_prompts:
-            break
-        if isinstance(obj, DataError):
-            raise obj
-        record = parse_record(obj, str(source), line)
+    for record in read_records(source):
         report.requests += 1
         answer = next((m["content"] for m in record.messages if m["role"] == "assistant"), None)
         answer = answer if isinstance(answer, str) else ""
@@ -44,6 +38,8 @@ def passage_prompts(cfg: SynthesizeConfig, path: Path) -> SynthesisReport:
             report.rejected["too_short"] += 1
             continue
         kept.append(f"{tasks[len(kept) % len(tasks)]}\n\n{answer.strip()}")
+        if len(kept) == cfg.num_prompts:
+            break  # the rest of the file is never read
     if not kept:
         raise DataError(
             f"synthesize.passages: {source}: no assistant answer of "
@@ -51,6 +47,5 @@ def passage_prompts(cfg: SynthesizeConfig, path: Path) -> SynthesisReport:
             reason="empty",
         )
     report.kept = len(kept)
-    write_prompts(path, kept, cfg, prefix="passage")
-    report.seconds = time.perf_counter() - start
+    write_prompts(path, kept, follow_ups, cfg, prefix="passage")
     return report

@@ -29,8 +29,7 @@ from eagle_train.data.passages import passage_prompts
 from eagle_train.data.records import (
     Record,
     RecordReader,
-    iter_raw,
-    parse_record,
+    read_records,
     record_byte_limit,
 )
 from eagle_train.data.regenerate import (
@@ -283,11 +282,12 @@ def run_synthesis(
 ) -> SynthesisReport:
     """The user prompts: sampled from the target, or passage tasks (``synthesize.passages``)."""
     path = synthesized_path(cfg)
-    if cfg.synthesize.passages is not None:
-        return passage_prompts(cfg.synthesize, path)
-    plan = regeneration_plan(cfg, renderer)
     start = time.perf_counter()
-    report = synthesize_prompts(renderer, backend, cfg.synthesize, plan.stop_token_ids, path)
+    if cfg.synthesize.passages is not None:
+        report = passage_prompts(cfg.synthesize, path)
+    else:
+        stop_ids = regeneration_plan(cfg, renderer).stop_token_ids
+        report = synthesize_prompts(renderer, backend, cfg.synthesize, stop_ids, path)
     report.seconds = time.perf_counter() - start
     return report
 
@@ -295,10 +295,7 @@ def run_synthesis(
 def read_regenerated(path: Path, ids: set[str]) -> Iterator[Record]:
     """The records of ``ids`` from a regenerated JSONL (each once, in file order)."""
     wanted = set(ids)
-    for line, obj in iter_raw(path):
-        if isinstance(obj, DataError):
-            raise obj
-        record = parse_record(obj, str(path), line)
+    for record in read_records(path):
         if record.id in wanted:
             wanted.discard(record.id)
             yield record

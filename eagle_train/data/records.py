@@ -75,6 +75,14 @@ def record_byte_limit(max_length: int) -> int:
     return 64 * max_length + (64 << 10)
 
 
+def read_records(path: Path) -> Iterator[Record]:
+    """Every record of one input, in order; the first malformed one raises its DataError."""
+    for line, obj in iter_raw(path):
+        if isinstance(obj, DataError):
+            raise obj
+        yield parse_record(obj, str(path), line)
+
+
 def iter_raw(path: Path, max_bytes: int | None = None) -> Iterator[tuple[int, Any]]:
     """Yield ``(line, object)`` for every record of one input; a malformed line (or a JSON
     Lines record over ``max_bytes``) yields a DataError."""

@@ -94,7 +94,7 @@ def synthesize_prompts(
     tok = renderer.tokenizer
     opening = user_turn_opening(renderer, cfg.system)
     stems = load_stems(cfg.stems) or ("",)
-    load_follow_ups(cfg.follow_ups)  # a bad list fails before the sampling
+    follow_ups = load_follow_ups(cfg.follow_ups)
     prompts = [renderer.encode(opening + stem) for stem in stems]
     markup = tuple(t for t in tok.all_special_tokens if t)
     stops = set(stop_ids)
@@ -127,17 +127,21 @@ def synthesize_prompts(
     report.kept = len(kept)
     if not kept:
         raise DataError(f"no usable prompts synthesised ({report.summary()})", reason="empty")
-    write_prompts(path, kept, cfg)
+    write_prompts(path, kept, follow_ups, cfg)
     log.info("%s", report.summary())
     return report
 
 
 def write_prompts(
-    path: Path, prompts: list[str], cfg: SynthesizeConfig, prefix: str = "synth"
+    path: Path,
+    prompts: list[str],
+    follow_ups: tuple[str, ...],
+    cfg: SynthesizeConfig,
+    prefix: str = "synth",
 ) -> None:
-    """The prompts as OpenAI JSONL (temp + fsync + rename), each with its follow-up; ids are
-    ``<prefix>-<index>``, distinct per kind so that both kinds can be prepared together."""
-    follow_ups = load_follow_ups(cfg.follow_ups)
+    """The prompts as OpenAI JSONL (temp + fsync + rename), each with a follow-up drawn from
+    ``follow_ups`` (none if empty); ids are ``<prefix>-<index>``, distinct per kind so that
+    both kinds can be prepared together."""
     rng = random.Random(cfg.seed)
     seconds = [rng.choice(follow_ups) for _ in prompts] if follow_ups else None
     system = cfg.system
