@@ -1,16 +1,19 @@
 """scripts/copy_diagnosis.py: the copy rule's counts on hand-traced sequences; it and
 compare_estimates.py on a drafter trained on a mixture of two datasets (whose draft vocabulary
-is the checkpoint's own: compare_estimates once failed on a mixture's list of paths)."""
+is the checkpoint's own: compare_estimates once failed on a mixture's list of paths);
+copy_trace.py on a second turn that repeats the first answer (every token has a match)."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 from conftest import REPO, draft_vocab_sets, prepare_tiny_data
+from transformers import AutoTokenizer
 from typer.testing import CliRunner
 
 from eagle_train.cli import train_draft_app
@@ -85,6 +88,34 @@ def test_the_diagnoses_run_on_a_drafter_trained_on_a_mixture(
     assert len(copy["readout"]) == 3  # the demo config's ttt_steps
     for r in copy["readout"]:
         assert 0 < r["slots"] and r["right_on_match"] <= r["on_match"] <= r["matched"] <= r["slots"]
+    # copy_trace: turn 2 repeats the turn-1 answer, which its context holds, so every answer
+    # token but the first continues a pair written before: all of them match
+    answer = AutoTokenizer.from_pretrained(target)(
+        "the cat sat on the mat", add_special_tokens=False
+    )
+    answer = answer["input_ids"]
+    evaluated = tmp_path / "eval"
+    evaluated.mkdir()
+    questions = tmp_path / "questions.jsonl"
+    questions.write_text(json.dumps({"question_id": 7, "turns": ["Say it.", "Again."]}) + "\n")
+    (evaluated / "per_prompt.jsonl").write_text(
+        "".join(
+            json.dumps({"model": "target", "id": "7", "turn": turn, "output": answer}) + "\n"
+            for turn in (1, 2)
+        )
+    )
+    trace = subprocess.run(
+        [sys.executable, "scripts/copy_trace.py", checkpoint, evaluated, questions, "7"]
+        + ["--turn", "2", "--target", target],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert trace.returncode == 0, trace.stderr[-3000:]
+    last = trace.stdout.strip().splitlines()[-1]
+    tokens, in_vocab, matched = (int(w) for w in re.findall(r"\d+", last)[:3])
+    assert tokens == len(answer) - 1 and 0 < in_vocab == matched <= tokens, last
     missing = subprocess.run(
         [sys.executable, "scripts/copy_diagnosis.py", tmp_path / "nope", small, "--out", report],
         cwd=REPO,
