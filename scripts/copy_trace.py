@@ -17,7 +17,6 @@ attention on the match and how often the drafter proposes the token then.
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 import torch
@@ -26,24 +25,19 @@ from transformers import AutoTokenizer
 
 from eagle_train.drafts.eagle3.copy_loss import copy_log_attention, copy_targets
 from eagle_train.drafts.eagle_family import draft_ids
+from eagle_train.evaluate.harness import render_turn
+from eagle_train.evaluate.prompts import load_prompts
+from eagle_train.evaluate.report import read_requests
 
 
 def conversation(questions: Path, eval_dir: Path, qid: str, turn: int, tok) -> tuple[list, list]:
-    """(prompt ids, answer ids) of request ``qid`` turn ``turn`` as the target alone served it."""
-    question = next(q for q in map(json.loads, questions.open()) if str(q["question_id"]) == qid)
-    answers = {
-        r["turn"]: r["output"]
-        for r in map(json.loads, (eval_dir / "per_prompt.jsonl").open())
-        if r["model"] == "target" and r["id"] == qid
-    }
-    messages = []
-    for k in range(1, turn):
-        messages.append({"role": "user", "content": question["turns"][k - 1]})
-        text = tok.decode(answers[k], skip_special_tokens=True)
-        messages.append({"role": "assistant", "content": text})
-    messages.append({"role": "user", "content": question["turns"][turn - 1]})
-    text = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-    return tok(text, add_special_tokens=False)["input_ids"], answers[turn]
+    """(prompt ids, answer ids) of request ``qid`` turn ``turn`` as the target alone served it:
+    eval-acceptance's own prompt parser and rendering, its earlier answers decoded as it does."""
+    prompt = next(p for p in load_prompts(questions) if p.id == qid)
+    served = read_requests(eval_dir)
+    answers = [served[(qid, k)]["target"]["output"] for k in range(1, turn + 1)]
+    earlier = [str(tok.decode(a, skip_special_tokens=True)) for a in answers[:-1]]
+    return render_turn(tok, prompt, earlier, {}), answers[-1]
 
 
 @torch.no_grad()

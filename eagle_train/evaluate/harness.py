@@ -78,7 +78,7 @@ def _run_one(settings: EvalSettings) -> EvalRun:
     prompts = load_prompts(settings.prompts, settings.num_prompts)
     run = EvalRun(settings=settings, drafters=infos)
     kw = settings.chat_template_kwargs
-    first = [Request(p, 1, _render(tokenizer, p, [], kw)) for p in prompts]
+    first = [Request(p, 1, render_turn(tokenizer, p, [], kw)) for p in prompts]
     if not settings.baseline:  # drafters alone (acceptance during training): no speed ratio
         for info in infos:
             with _open(settings, info, alive=1) as engine:
@@ -136,7 +136,7 @@ def _second_turn(
         Request(
             p,
             2,
-            _render(
+            render_turn(
                 tokenizer,
                 p,
                 [str(tokenizer.decode(a.tokens, skip_special_tokens=True))],
@@ -262,9 +262,12 @@ def _warm_up(engine: EngineProcess, request: Request, run: EvalRun, name: str) -
     run.reproducible[name] = first == again
 
 
-def _render(
+def render_turn(
     tokenizer: Any, prompt: EvalPrompt, answers: list[str], kwargs: dict[str, Any]
 ) -> list[int]:
+    """The token ids served for turn ``len(answers) + 1`` of ``prompt``: its system message,
+    the earlier user turns each followed by its answer, this user turn, the generation
+    prompt."""
     messages = [{"role": "system", "content": prompt.system}] if prompt.system else []
     for i, answer in enumerate(answers):
         messages += [
