@@ -51,7 +51,16 @@ SetOpt = Annotated[
 ]
 
 
-def _setup_logging(verbose: bool) -> None:
+def _start(verbose: bool) -> None:
+    """Every command's first step: logging, and subnormal floats flushed to zero.
+
+    A float below 1.2e-38 costs an x86 core a slow microcode path in every operation that
+    reads or writes one; a trained draft's activations hold enough of them to halve CPU
+    training speed (docs/results/2026-12-06-subnormals.md). Set before torch starts its
+    thread pool: the pool's threads inherit the mode, threads started earlier would not."""
+    import torch
+
+    torch.set_flush_denormal(True)
     # Under torchrun only rank 0 logs progress; other ranks report warnings and errors.
     quiet = os.environ.get("RANK", "0") != "0"
     logging.basicConfig(
@@ -98,7 +107,7 @@ def build_demo_app(
     """Build the demo tokenizer, Llama and Qwen3 targets and chat data (seeded, no downloads)."""
     from eagle_train.demo.build import DemoConfig, build_demo_world
 
-    _setup_logging(verbose)
+    _start(verbose)
     with _one_line():
         cfg = load_config(DemoConfig, config, overrides)
         summary = build_demo_world(cfg, out_dir, overwrite=overwrite)
@@ -126,7 +135,7 @@ def prepare_data_app(
     from eagle_train.data.config import PrepareDataConfig
     from eagle_train.data.prepare import prepare_data as run
 
-    _setup_logging(verbose)
+    _start(verbose)
     with _one_line():
         cfg = load_config(PrepareDataConfig, config, overrides)
         report = run(cfg)
@@ -153,7 +162,7 @@ def train_draft_app(
     from eagle_train.run_config import RunConfig
     from eagle_train.train import train
 
-    _setup_logging(verbose)
+    _start(verbose)
     if resume is not None:
         overrides = [*(overrides or []), f"train.resume={resume}"]
     with _one_line():
@@ -191,7 +200,7 @@ def prepare_features_app(
     from eagle_train.features import prepare_features as run
     from eagle_train.run_config import RunConfig
 
-    _setup_logging(verbose)
+    _start(verbose)
     settings = ExtractSettings(
         shard_mib=shard_mib, batch_tokens=batch_tokens, device_map=device_map
     )
@@ -231,7 +240,7 @@ def export_draft_app(
     from eagle_train.export import export_draft
     from eagle_train.model_card import serve_command
 
-    _setup_logging(False)
+    _start(False)
     if format not in ("vllm", "speculators"):
         raise _fail(ValueError(f"--format {format!r}: expected 'vllm' or 'speculators'"))
     with _one_line():
@@ -268,7 +277,7 @@ def eval_acceptance_app(
     from eagle_train.evaluate.settings import EvalSettings
     from eagle_train.model_card import record_acceptance
 
-    _setup_logging(verbose)
+    _start(verbose)
     flags = {"target": target, "drafters": draft or None, "output_dir": out}
     given = [f"{k}={json.dumps(v, default=str)}" for k, v in flags.items() if v is not None]
     with _one_line():
@@ -298,7 +307,7 @@ def fetch_real_target_app(
     with the tokenizer. Idempotent: a second run does nothing."""
     from eagle_train.target.fetch import fetch_real_target as run
 
-    _setup_logging(False)
+    _start(False)
     with _one_line():
         result = run(out_dir, cache_dir)
     typer.echo(result.summary())
