@@ -155,6 +155,7 @@ def _draft_config(target_dir: Path) -> tuple[TargetDescription, dict]:
         AUX_LAYER_IDS,
         target.vocab_size,
         target.head_dim,
+        target.num_kv_heads,
     )
     config["dtype"] = "float32"
     return target, config

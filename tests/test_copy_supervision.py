@@ -155,12 +155,18 @@ def test_the_supervised_heads_are_the_last_query_head_of_the_last_groups(
     assert draft(aux, ids, 2).copy_qk == []
 
 
-def test_more_copy_heads_than_key_value_groups_is_refused(gqa_target: FrozenTarget):
+def test_copy_heads_beyond_the_drafts_key_value_groups_are_refused(gqa_target: FrozenTarget):
     target = gqa_target
     kv_heads = target.description.num_kv_heads
     cfg = Eagle3Config(aux_layer_ids=[1, 2, 3], copy_heads=kv_heads + 1)
     with pytest.raises(ConfigError, match=f"draft.copy_heads.*{kv_heads}.*{kv_heads + 1}"):
         get_draft("eagle3").build(cfg, target, None)
+    # The draft's own key/value heads (draft.num_kv_heads) count, not the target's: one per
+    # query head gives each copy head its own value; a count that does not divide is refused.
+    wide = get_draft("eagle3").build(cfg.model_copy(update={"num_kv_heads": 4}), target, None)
+    assert wide.copy_heads == [1, 2, 3] and wide.layers[0].self_attn.k_proj.out_features == 64
+    with pytest.raises(ConfigError, match="draft.num_kv_heads: a divisor of .* 4 .*, got 3"):
+        get_draft("eagle3").build(cfg.model_copy(update={"num_kv_heads": 3}), target, None)
 
 
 def test_cli_trains_a_head_that_attends_where_the_text_repeats(

@@ -1,4 +1,4 @@
-"""Multi-layer EAGLE-3 and EAGLE-3.1 against vLLM's own drafter class (``llama_eagle3.py``,
+"""Multi-layer EAGLE-3, EAGLE-3.1 and a draft with its own key/value heads against vLLM's own drafter class (``llama_eagle3.py``,
 ``qwen3_eagle3.py``), built from our exported directory by vLLM's config parsing:
 
 - vLLM's weight loader takes every exported tensor (an unknown name raises there) and fills
@@ -32,8 +32,10 @@ VARIANTS = {
     "layers2": dict(num_layers=2),
     "eagle31": dict(norm_before_fc=True, fc_norm=True, norm_output=True),
     "layers3-eagle31": dict(num_layers=3, norm_before_fc=True, norm_output=True),
+    # a key/value head per query head (the tiny targets share 1 between their 2)
+    "mha": dict(num_kv_heads=2),
 }
-CASES = [("llama", v) for v in VARIANTS] + [("qwen3", "layers3-eagle31")]
+CASES = [("llama", v) for v in VARIANTS] + [("qwen3", "layers3-eagle31"), ("qwen3", "mha")]
 pytestmark = pytest.mark.vllm  # vLLM's model classes in-process (no engine): the slow tier
 
 
@@ -163,6 +165,8 @@ def test_forward_equals_vllm_drafter(
     assert config["num_hidden_layers"] == cfg.num_layers
     model = vllm_drafter(tmp_path / "drafter", target_path)
     assert len(model.model.layers) == cfg.num_layers
+    kv_heads = cfg.num_kv_heads or target.description.num_kv_heads
+    assert model.model.layers[0].self_attn.total_num_kv_heads == kv_heads
     assert (model.model.input_norm is not None) == cfg.norm_before_fc
     assert (model.model.fc_norm is not None) == cfg.fc_norm
     assert model.model.norm_output == cfg.norm_output

@@ -103,9 +103,11 @@ def to_safeailab(native: Path, out: Path, embed: torch.Tensor | None, safetensor
     return out
 
 
-# Multi-layer EAGLE-3.1: its later layers and extra norms travel in every layout too.
+# Multi-layer EAGLE-3.1 with its own key/value heads (the tiny target shares one between
+# its two query heads): its later layers, extra norms and wider k/v travel in every layout.
 EAGLE31_2L = (
     "draft.num_layers=2",
+    "draft.num_kv_heads=2",
     "draft.norm_before_fc=true",
     "draft.fc_norm=true",
     "draft.norm_output=true",
@@ -203,6 +205,7 @@ def test_another_vocabulary_size_moves_head_rows_by_target_id(llama: FrozenTarge
         (["draft.num_layers=2"], "eagle3", "num_hidden_layers is 1, this run's draft has 2"),
         (["draft.fc_norm=true"], "eagle3", "set draft.fc_norm"),
         (["draft.norm_output=true"], "eagle3", "set draft.norm_output"),
+        (["draft.num_kv_heads=2"], "eagle3", "num_key_value_heads is 1, this run's draft has 2"),
         ([], "dflash", "draft.algorithm is 'dflash'"),
         ([], "peagle", "draft.algorithm is 'peagle'"),
     ],

@@ -85,14 +85,17 @@ class MLP(nn.Module):
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
-def decoder_fields(target: TargetDescription, head_dim: int, num_layers: int) -> dict[str, Any]:
-    """config.json fields of draft decoder layers that mirror the target's attention and MLP."""
+def decoder_fields(
+    target: TargetDescription, head_dim: int, num_layers: int, num_kv_heads: int | None = None
+) -> dict[str, Any]:
+    """config.json fields of draft decoder layers that mirror the target's attention and MLP
+    (``num_kv_heads``: the draft's own key/value heads where they differ from the target's)."""
     return {
         "hidden_size": target.hidden_size,
         "intermediate_size": target.intermediate_size,
         "num_hidden_layers": num_layers,
         "num_attention_heads": target.num_heads,
-        "num_key_value_heads": target.num_kv_heads,
+        "num_key_value_heads": num_kv_heads or target.num_kv_heads,
         "head_dim": head_dim,
         "hidden_act": "silu",
         "rms_norm_eps": target.rms_norm_eps,

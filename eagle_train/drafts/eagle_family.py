@@ -227,6 +227,7 @@ def fused_vllm_config(
     layer_ids: list[int],
     draft_vocab_size: int,
     head_dim: int,
+    num_kv_heads: int | None = None,
 ) -> dict[str, Any]:
     """vLLM's config.json of a fused-first-layer drafter (one layer; EAGLE-3 and P-EAGLE set
     their own num_hidden_layers): vLLM builds q/k norm into a Qwen3-style layer and none into
@@ -235,7 +236,7 @@ def fused_vllm_config(
     config: dict[str, Any] = {
         "architectures": ["Qwen3ForCausalLM" if style == "qwen3" else "LlamaForCausalLM"],
         "model_type": style,
-        **decoder_fields(target, head_dim, 1),
+        **decoder_fields(target, head_dim, 1, num_kv_heads),
         "draft_vocab_size": draft_vocab_size,
         "target_hidden_size": target.hidden_size,
         "eagle_aux_hidden_state_layer_ids": list(layer_ids),

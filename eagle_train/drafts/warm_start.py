@@ -35,7 +35,7 @@ _STRUCTURE: dict[str, tuple[str | None, Any]] = {
     "target_hidden_size": (None, None),
     "intermediate_size": (None, None),
     "num_attention_heads": (None, None),
-    "num_key_value_heads": (None, None),
+    "num_key_value_heads": ("draft.num_kv_heads", None),
     "head_dim": (None, None),
     "vocab_size": (None, None),
     "rms_norm_eps": (None, None),

@@ -21,6 +21,11 @@ class Eagle3Config(DraftConfigBase, FusionNorms):
     # ordinary pre-norm decoder layers over H (vLLM's llama_eagle3.py); every TTT step runs
     # all of them. Exported as num_hidden_layers.
     num_layers: int = Field(default=1, ge=1)
+    # Key/value heads of the draft's attention (a divisor of the target's query heads; each
+    # group of query heads shares one value of head_dim). None: the target's. More of them
+    # widen what attention can carry from an earlier position, a copied token's identity
+    # included; vLLM serves any count (it sizes the draft layer's KV cache pages on its own).
+    num_kv_heads: int | None = Field(default=None, ge=1)
     # EAGLE-3.1: norm_before_fc and fc_norm (FusionNorms), and this vLLM switch: the next
     # TTT step's hidden is the final-normed output instead of the pre-norm one.
     norm_output: bool = False
@@ -40,7 +45,7 @@ class Eagle3Config(DraftConfigBase, FusionNorms):
     # as it is about to go on now (an induction head, what n-gram proposers do), averaged
     # over the first copy_steps TTT steps (at most ttt_steps) and the heads. The copy heads
     # are the last query head of each of the last copy_heads key/value groups (at most the
-    # target's key/value heads). 0 turns it off. The served weights and their layout do
+    # draft's key/value heads). 0 turns it off. The served weights and their layout do
     # not change.
     copy_supervision: float = Field(default=0.0, ge=0)
     copy_steps: int = Field(default=1, ge=1)

@@ -28,9 +28,10 @@ def vllm_config(
     layer_ids: list[int],
     draft_vocab_size: int,
     head_dim: int,
+    num_kv_heads: int,
 ) -> dict[str, Any]:
     qk_norm = draft_qk_norm(cfg.qk_norm, target)
-    config = fused_vllm_config(qk_norm, target, layer_ids, draft_vocab_size, head_dim)
+    config = fused_vllm_config(qk_norm, target, layer_ids, draft_vocab_size, head_dim, num_kv_heads)
     # vLLM's loader reads num_hidden_layers and the EAGLE-3.1 switches (absent: false).
     config.update(num_hidden_layers=cfg.num_layers, **eagle31_switches(cfg))
     return config
@@ -52,7 +53,8 @@ def to_vllm(
 ) -> VllmDrafter:
     vd = state["lm_head.weight"].shape[0]
     head_dim = state["layers.0.self_attn.q_proj.weight"].shape[0] // target.num_heads
-    config = vllm_config(cfg, target, layer_ids, vd, head_dim)
+    kv_heads = state["layers.0.self_attn.k_proj.weight"].shape[0] // head_dim
+    config = vllm_config(cfg, target, layer_ids, vd, head_dim, kv_heads)
     names = set(expected_tensors(config)[0])
     if cfg.train_embedding:  # a trained embedding differs from the target's: ship it
         names.add("embed_tokens.weight")

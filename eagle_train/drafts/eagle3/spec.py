@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -50,17 +51,26 @@ class Eagle3Spec:
         self, cfg: Eagle3Config, target: FrozenTarget, vocab: VocabMapping | None
     ) -> Eagle3Draft:
         desc = target.description
-        if cfg.copy_heads > desc.num_kv_heads:
+        kv_heads = cfg.num_kv_heads or desc.num_kv_heads
+        if desc.num_heads % kv_heads:
             raise ConfigError(
-                f"draft.copy_heads: at most the target's {desc.num_kv_heads} key/value "
-                f"heads (one copy head per group), got {cfg.copy_heads}"
+                f"draft.num_kv_heads: a divisor of the target's {desc.num_heads} attention "
+                f"heads, got {kv_heads}"
+            )
+        if cfg.copy_heads > kv_heads:
+            raise ConfigError(
+                f"draft.copy_heads: at most the draft's {kv_heads} key/value heads (one copy "
+                f"head per group), got {cfg.copy_heads}"
             )
         vd = len(vocab.d2t) if vocab is not None else desc.vocab_size
-        shape = DraftShape.from_target(
-            desc,
-            num_aux=len(self.target_layer_ids(cfg, desc)),
-            draft_vocab_size=vd,
-            qk_norm=draft_qk_norm(cfg.qk_norm, desc),
+        shape = replace(
+            DraftShape.from_target(
+                desc,
+                num_aux=len(self.target_layer_ids(cfg, desc)),
+                draft_vocab_size=vd,
+                qk_norm=draft_qk_norm(cfg.qk_norm, desc),
+            ),
+            num_kv_heads=kv_heads,
         )
         draft = Eagle3Draft(shape, desc, cfg).float()
         set_backend(draft, cfg.attention)
