@@ -1,5 +1,6 @@
-"""Multi-layer EAGLE-3, EAGLE-3.1 and a draft with its own key/value heads against vLLM's own drafter class (``llama_eagle3.py``,
-``qwen3_eagle3.py``), built from our exported directory by vLLM's config parsing:
+"""Multi-layer EAGLE-3, EAGLE-3.1 and a draft with its own key/value heads against vLLM's
+own drafter class (``llama_eagle3.py``, ``qwen3_eagle3.py``), built from our exported
+directory by vLLM's config parsing:
 
 - vLLM's weight loader takes every exported tensor (an unknown name raises there) and fills
   every parameter vLLM's forward uses (all start as NaN);

@@ -34,17 +34,19 @@ class DecoderDims:
 
     @classmethod
     def from_target(cls: type[_Dims], target: TargetDescription, **extra: Any) -> _Dims:
-        return cls(
-            hidden_size=target.hidden_size,
-            target_hidden_size=target.hidden_size,
-            num_heads=target.num_heads,
-            num_kv_heads=target.num_kv_heads,
-            head_dim=target.head_dim,
-            intermediate_size=target.intermediate_size,
-            vocab_size=target.vocab_size,
-            rms_norm_eps=target.rms_norm_eps,
-            **extra,
-        )
+        """The target's sizes, then ``extra``: the draft's own fields, and any mirrored one
+        the draft sets for itself (e.g. ``num_kv_heads``)."""
+        mirrored = {
+            "hidden_size": target.hidden_size,
+            "target_hidden_size": target.hidden_size,
+            "num_heads": target.num_heads,
+            "num_kv_heads": target.num_kv_heads,
+            "head_dim": target.head_dim,
+            "intermediate_size": target.intermediate_size,
+            "vocab_size": target.vocab_size,
+            "rms_norm_eps": target.rms_norm_eps,
+        }
+        return cls(**{**mirrored, **extra})
 
 
 def rotary_embedding(target: TargetDescription) -> LlamaRotaryEmbedding:

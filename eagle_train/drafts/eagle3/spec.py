@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Any
 
 import torch
@@ -63,13 +62,11 @@ class Eagle3Spec:
                 f"head per group), got {cfg.copy_heads}"
             )
         vd = len(vocab.d2t) if vocab is not None else desc.vocab_size
-        shape = replace(
-            DraftShape.from_target(
-                desc,
-                num_aux=len(self.target_layer_ids(cfg, desc)),
-                draft_vocab_size=vd,
-                qk_norm=draft_qk_norm(cfg.qk_norm, desc),
-            ),
+        shape = DraftShape.from_target(
+            desc,
+            num_aux=len(self.target_layer_ids(cfg, desc)),
+            draft_vocab_size=vd,
+            qk_norm=draft_qk_norm(cfg.qk_norm, desc),
             num_kv_heads=kv_heads,
         )
         draft = Eagle3Draft(shape, desc, cfg).float()
