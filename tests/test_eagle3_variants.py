@@ -1,6 +1,6 @@
-"""Multi-layer EAGLE-3, EAGLE-3.1, a draft with its own key/value heads and one with a
-``context_vocab`` head against vLLM's own drafter class (``llama_eagle3.py``,
-``qwen3_eagle3.py``), built from our exported directory by vLLM's config parsing:
+"""Multi-layer EAGLE-3, EAGLE-3.1 and a draft with its own key/value heads against vLLM's
+own drafter class (``llama_eagle3.py``, ``qwen3_eagle3.py``), built from our exported
+directory by vLLM's config parsing:
 
 - vLLM's weight loader takes every exported tensor (an unknown name raises there) and fills
   every parameter vLLM's forward uses (all start as NaN);
@@ -23,7 +23,6 @@ import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from eagle_train.data.vocab import build_vocab_mapping
 from eagle_train.drafts.eagle3.config import Eagle3Config
 from eagle_train.drafts.registry import get_draft
 from eagle_train.target import FrozenTarget
@@ -36,8 +35,6 @@ VARIANTS = {
     "layers3-eagle31": dict(num_layers=3, norm_before_fc=True, norm_output=True),
     # a key/value head per query head (the tiny targets share 1 between their 2)
     "mha": dict(num_kv_heads=2),
-    # the whole vocabulary's head, trained through 64 frequent rows and the text's own
-    "context": dict(draft_vocab_size=64, context_vocab=True),
 }
 CASES = [("llama", v) for v in VARIANTS] + [("qwen3", "layers3-eagle31"), ("qwen3", "mha")]
 pytestmark = pytest.mark.vllm  # vLLM's model classes in-process (no engine): the slow tier
@@ -160,10 +157,7 @@ def test_forward_equals_vllm_drafter(
     target = FrozenTarget.from_pretrained(target_path, dtype=torch.float32)
     cfg = Eagle3Config(aux_layer_ids=[1, 2, 3], ttt_steps=STEPS, **VARIANTS[variant])
     torch.manual_seed(0)
-    vocab = None
-    if cfg.context_vocab:
-        vocab = build_vocab_mapping(torch.arange(target.config.vocab_size).flip(0), 64)
-    draft = SPEC.build(cfg, target, vocab)
+    draft = SPEC.build(cfg, target, None)
     with torch.no_grad():  # every trained weight non-trivial, norms included
         for p in draft.parameters():
             if p.requires_grad:  # not the embedding: vLLM shares the target's

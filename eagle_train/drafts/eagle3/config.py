@@ -40,13 +40,6 @@ class Eagle3Config(DraftConfigBase, FusionNorms):
     # (the draft can never propose that token there; SafeAILab's and SpecForge's EAGLE-3 do
     # this). Metrics still count them. Default chosen by measurement: see README.md.
     drop_out_of_vocab: bool = False
-    # Serve the target's whole vocabulary at the training cost of a draft vocabulary: the head
-    # keeps a row per target token (exported as a full-vocabulary head, no d2t), and each
-    # micro-batch's loss reads only the rows of the draft_vocab_size most frequent tokens and
-    # of every token in the micro-batch (the text a drafter copies from; the target's tokens
-    # there included). The rows of a tied-embedding target's head start as its embeddings, so
-    # a copied token the data never held can still be proposed. Needs draft_vocab_size.
-    context_vocab: bool = False
     # Copy supervision (drafts/eagle3/copy_loss.py): this weight times the cross-entropy of
     # the first layer's copy heads' attention toward the earlier keys where the text went on
     # as it is about to go on now (an induction head, what n-gram proposers do), averaged
@@ -68,15 +61,6 @@ class Eagle3Config(DraftConfigBase, FusionNorms):
     @classmethod
     def _layer_style_moved(cls, data: Any) -> Any:
         return refuse_layer_style(data)
-
-    @model_validator(mode="after")
-    def _context_vocab_has_rows(self) -> Eagle3Config:
-        if self.context_vocab and self.draft_vocab_size is None:
-            raise ValueError(
-                "context_vocab needs draft_vocab_size: the most frequent tokens whose rows "
-                "every micro-batch's loss reads"
-            )
-        return self
 
     @model_validator(mode="after")
     def _copy_steps_within_ttt(self) -> Eagle3Config:

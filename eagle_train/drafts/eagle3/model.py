@@ -113,7 +113,6 @@ class Eagle3Draft(FusedInput):
         num_steps: int,
         copy_steps: int = 0,
         head_at: list[Tensor] | None = None,
-        head_rows: Tensor | None = None,
     ) -> DraftOutput:
         """``aux`` (B,T,n*TH) target features at slot t; ``input_ids`` (B,T) the sequence x.
 
@@ -122,8 +121,7 @@ class Eagle3Draft(FusedInput):
         also return the copy heads' queries and keys at that many first steps. ``head_at``:
         per step a (B,T) bool of the slots whose logits are wanted (training: the supervised
         ones); the head and every per-slot product whose result no wanted logit depends on
-        then skip the prompt and padding slots (``needed_slots``). ``head_rows``: the ids of
-        the head's rows to compute (ascending); logits then hold those columns only.
+        then skip the prompt and padding slots (``needed_slots``).
         """
         b, t = input_ids.shape
         hidden = self.fuse(aux)
@@ -132,7 +130,6 @@ class Eagle3Draft(FusedInput):
         logits: list[Tensor] = []
         probe: list[tuple[Tensor, Tensor]] = []
         rows = None if head_at is None else needed_slots(head_at)
-        head = self.lm_head.weight if head_rows is None else self.lm_head.weight[head_rows]
         for k in range(num_steps):
             tokens = shift_left(input_ids, 1 + k)
             out = self.step(
@@ -144,7 +141,7 @@ class Eagle3Draft(FusedInput):
                 None if rows is None else rows[k],
             )
             normed = self.norm(out)
-            logits.append(F.linear(normed if head_at is None else normed[head_at[k]], head))
+            logits.append(self.lm_head(normed if head_at is None else normed[head_at[k]]))
             hidden = normed if self.norm_output else out
         return DraftOutput(logits=logits, copy_qk=probe)
 

@@ -61,8 +61,7 @@ class Eagle3Spec:
                 f"draft.copy_heads: at most the draft's {kv_heads} key/value heads (one copy "
                 f"head per group), got {cfg.copy_heads}"
             )
-        whole = vocab is None or cfg.context_vocab  # a head row per target token
-        vd = desc.vocab_size if whole else len(vocab.d2t)
+        vd = len(vocab.d2t) if vocab is not None else desc.vocab_size
         shape = DraftShape.from_target(
             desc,
             num_aux=len(self.target_layer_ids(cfg, desc)),
@@ -74,15 +73,13 @@ class Eagle3Spec:
         set_backend(draft, cfg.attention)
         with torch.no_grad():
             draft.embed_tokens.weight.copy_(target.embed_tokens().weight.float())
-            if not whole:
+            if vocab is not None:
                 draft.d2t.copy_(vocab.d2t)
                 draft.t2d.copy_(vocab.t2d)
             # Start the head from the target's rows of the draft vocabulary: the draft then
             # begins near the target's own next-token distribution.
             draft.lm_head.weight.copy_(target.lm_head().weight[draft_ids(draft)].float())
         draft.embed_tokens.weight.requires_grad_(cfg.train_embedding)
-        if cfg.context_vocab:  # the rows every micro-batch's loss reads (not a weight)
-            draft.register_buffer("frequent_ids", vocab.draft_ids, persistent=False)
         return draft
 
     def compute_loss(
@@ -92,17 +89,15 @@ class Eagle3Spec:
         copy_steps = cfg.copy_steps if cfg.copy_supervision > 0 else 0
         aux = features.aux.to(module.fc.weight.dtype)
         head_at = supervised_slots(batch.loss_mask, batch.lengths, cfg.ttt_steps)
-        rows = context_rows(module.frequent_ids, batch, features) if cfg.context_vocab else None
-        out = draft(aux, batch.input_ids, cfg.ttt_steps, copy_steps, head_at, rows)
-        ids = draft_ids(module) if rows is None else rows
+        out = draft(aux, batch.input_ids, cfg.ttt_steps, copy_steps, head_at)
         stats = eagle3_loss(
             out.logits,
-            features.logits_of(ids),
+            features.logits_of(draft_ids(module)),
             features.greedy,
             len(module.t2d),  # the target's vocabulary size
             batch.loss_mask,
             batch.lengths,
-            ids - torch.arange(len(ids), device=ids.device),  # as d2t: id = index + d2t
+            module.d2t,
             cfg.step_decay,
             cfg.drop_out_of_vocab,
         )
@@ -151,14 +146,3 @@ class Eagle3Spec:
         self, tensors: dict[str, Tensor], config: dict[str, Any]
     ) -> dict[str, Tensor]:
         return export.import_tensors(tensors, config)
-
-
-def context_rows(frequent_ids: Tensor, batch: Batch, features: TargetFeatures) -> Tensor:
-    """``draft.context_vocab``'s head rows for one micro-batch, ascending: the most frequent
-    tokens, every token of the micro-batch's rows and the target's greedy token at each of
-    their positions (what the loss reads); padding is cut at ``batch.lengths``."""
-    inside = (
-        torch.arange(batch.input_ids.shape[1], device=batch.lengths.device) < batch.lengths[:, None]
-    )
-    seen = torch.cat([batch.input_ids[inside], features.greedy[inside].to(batch.input_ids.device)])
-    return torch.unique(torch.cat([frequent_ids, seen]))
