@@ -11,6 +11,9 @@ turns their measured costs into the number of conversations that fits the budget
                        prints float32 or bfloat16
     size ...           prints shell assignments PROMPTS=, EPOCHS=, PLANNED_*= (seconds) for
                        the recipe to source, and the plan in words on stderr
+    steps ...          after the data and feature stages: prints STEPS=, the training steps
+                       that fill the time left (at least one epoch), so what those stages
+                       took under or over their plan goes to training instead of being lost
 
 The model is linear in conversations: each one costs its answers' share of the calibration's
 regeneration time, its prompt's share of synthesis time (per prompt that passed the filters:
@@ -39,6 +42,7 @@ from eagle_train.target.cache import FeatureCache
 FP32_MARGIN = 1.25  # fp32 must beat bf16 by this much: bf16 is what the target serves in
 FIXED_S = 90.0  # subset, model loads, two exports and the random-init floor (measured: 60-80 s)
 GRANULE = 16  # conversations: STEPS = EPOCHS * PROMPTS / 4 must split into 4 probe intervals
+QUARTERS = 4  # training steps: four probe intervals and four saves
 MIN_PROMPTS = 64
 
 
@@ -157,6 +161,26 @@ def size(args: argparse.Namespace) -> dict[str, float]:
     }
 
 
+def steps(args: argparse.Namespace) -> dict[str, float]:
+    """The training steps that fit the time left, at the calibration's tokens per second."""
+    metrics = args.run / "metrics.jsonl"
+    train = [r["tokens_per_s"] for r in read_metrics(metrics, "train")][1:]  # after warm-up
+    probes = [r["seconds"] for r in read_metrics(metrics, "acceptance")]
+    if not train or not probes:
+        fail(f"{args.run}/metrics.jsonl: expected 2+ logged training steps and a probe")
+    files = FeatureCache(args.features / "train", check_sizes=False).manifest["files"]
+    rows, tokens = sum(f["rows"] for f in files), sum(f["tokens"] for f in files)
+    per_epoch = rows // args.micro_batch_size
+    per_step = tokens / per_epoch
+    room = args.minutes * 60 - args.spent - args.probes * max(probes) - FIXED_S
+    fitted = int(room * statistics.mean(train) / per_step) // QUARTERS * QUARTERS
+    floor = max(QUARTERS, per_epoch // QUARTERS * QUARTERS)
+    if fitted < floor:
+        print(f"only {max(fitted, 0)} steps fit the time left: one epoch instead", file=sys.stderr)
+    chosen = max(fitted, floor)
+    return {"STEPS": chosen, "PLANNED_FILL_S": round(chosen * per_step / statistics.mean(train))}
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="command", required=True)
@@ -172,9 +196,28 @@ def main() -> None:
     s.add_argument("--epochs", type=int, required=True, help="passes over the conversations")
     s.add_argument("--holdout", type=int, default=32, help="probe prompts written beside them")
     s.add_argument("--probes", type=int, default=4, help="vLLM probes during training")
+    t = sub.add_parser("steps", help="training steps that fill the time left")
+    t.add_argument("--minutes", type=float, required=True)
+    t.add_argument("--spent", type=float, required=True, help="seconds of the budget used")
+    t.add_argument("--features", type=Path, required=True, help="the run's feature cache")
+    t.add_argument("--run", type=Path, required=True, help="the calibration's training run")
+    t.add_argument("--micro-batch-size", type=int, required=True, help="rows per step")
+    t.add_argument("--probes", type=int, default=4, help="vLLM probes during training")
     args = p.parse_args()
     if args.command == "dtype":
         print(choose_dtype(args.target))
+        return
+    if args.command == "steps":
+        try:
+            fitted = steps(args)
+        except UserError as err:
+            fail(str(err))
+        print(f"STEPS={fitted['STEPS']}\nPLANNED_FILL_S={fitted['PLANNED_FILL_S']}")
+        print(
+            f"training: {fitted['STEPS']} steps fill the {args.minutes:g} minutes after "
+            f"{args.spent:.0f} s spent (about {fitted['PLANNED_FILL_S']} s)",
+            file=sys.stderr,
+        )
         return
     try:
         plan = size(args)

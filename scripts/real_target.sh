@@ -9,9 +9,10 @@
 #      probe measures on (never MT-Bench, the test set).
 #   3. prepare-features: the target runs once per row (the feature cache)
 #   4. train-draft EAGLE-3 (K=3, a 4096-token draft vocabulary, copy supervision with two
-#      copy heads) for EPOCHS epochs from the cache; every quarter of the run vLLM serves the
-#      current draft on the held-out prompts and the checkpoint with the most tokens per
-#      target step is kept as best/
+#      copy heads) from the cache, for the time the budget has left after the data and
+#      features (EPOCHS epochs where PROMPTS or EPOCHS are given); every quarter of the run
+#      vLLM serves the current draft on the held-out prompts and the checkpoint with the most
+#      tokens per target step is kept as best/
 #   5. export-draft best/, and floors: a random-init drafter of the same shape (lr 0, one
 #      step) and vLLM's n-gram proposer
 #   6. eval-acceptance on MT-Bench (both turns, n-gram first): tokens per target step, AL,
@@ -100,6 +101,7 @@ set_probe() {  # set_probe PROMPTS EVERY: PROBE, vLLM serves the draft on 16 hel
 
 # The plan, kept across reruns (PROMPTS, EPOCHS, DTYPE set in the environment win).
 PLAN=$OUT/plan.env
+ASKED=${PROMPTS:-}${EPOCHS:-}
 if [ -f "$PLAN" ]; then
     eval "$(sed -n 's/^\([A-Z_]*\)=\([a-z0-9.]*\)$/\1=${\1:-\2}/p' "$PLAN")"
 fi
@@ -142,10 +144,20 @@ TRAIN_DATA=$DATA/train-$PROMPTS
     --set regenerate.enabled=false --set limit=$PROMPTS --set "output_dir=$TRAIN_DATA"
 tail -n $HOLDOUT "$ALL.prompts.jsonl" > "$DATA/probe-prompts.jsonl"
 
-STEPS=$((EPOCHS * PROMPTS / MBS))
 set_run "$TRAIN_DATA" "$DATA/features-$PROMPTS"
 [ -f "$DATA/features-$PROMPTS/train/manifest.json" ] || stage features prepare-features "${RUN[@]}" \
     --batch-tokens 2048
+# A planned run trains for the time the data and feature stages left (they came in 13-22%
+# under their plan on the Xeon: docs/results/2026-12-05-budget-plan-2512.md), kept in the
+# plan; PROMPTS or EPOCHS given (or a rerun that lost the clock): EPOCHS passes.
+if [ -n "${CAL:-}" ] && ! grep -q '^STEPS=' "$PLAN"; then
+    python scripts/plan_budget.py steps --minutes "$MINUTES" \
+        --spent $(($(date +%s) - BUDGET_START)) --features "$DATA/features-$PROMPTS" \
+        --run "$CAL/train" --micro-batch-size $MBS > "$PLAN.steps"
+    cat "$PLAN.steps" >> "$PLAN" && rm "$PLAN.steps"
+fi
+STEPS=$(sed -n 's/^STEPS=\([0-9]*\)$/\1/p' "$PLAN")
+[ -n "$STEPS" ] && [ -z "$ASKED" ] || STEPS=$((EPOCHS * PROMPTS / MBS))
 set_probe "$DATA/probe-prompts.jsonl" $((STEPS / 4))
 stage train train-draft "${RUN[@]}" "${PROBE[@]}" --set train.max_steps=$STEPS \
     --set train.log_every=20 --set train.save_every=$((STEPS / 4)) \

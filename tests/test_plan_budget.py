@@ -103,3 +103,29 @@ def test_a_budget_too_small_or_a_run_without_a_probe_is_refused(tmp_path: Path) 
     gone = plan(["--minutes", "90", "--epochs", "3", *args])
     assert gone.returncode == 2 and gone.stderr.count("\n") == 1
     assert "not a prepared dataset" in gone.stderr
+
+
+def test_training_takes_the_time_the_earlier_stages_left(tmp_path: Path) -> None:
+    args = calibration(tmp_path)
+    run = args[args.index("--run") + 1]
+    cache = tmp_path / "run-features" / "train"
+    cache.mkdir(parents=True)
+    shards = [{"rows": 200, "tokens": 60000}, {"rows": 200, "tokens": 52000}]
+    manifest = {"format_version": 2, "shards": [[0, 200], [200, 400]], "files": shards}
+    (cache / "manifest.json").write_text(json.dumps(manifest))
+
+    def steps(spent: str) -> subprocess.CompletedProcess:
+        script = REPO / "scripts" / "plan_budget.py"
+        command = [sys.executable, str(script), "steps", "--minutes", "90", "--spent", spent,
+                   "--features", str(cache.parent), "--run", run, "--micro-batch-size", "4"]  # fmt: skip
+        return subprocess.run(command, capture_output=True, text=True)
+
+    result = steps("4500")
+    assert result.returncode == 0, result.stderr
+    # By hand: 400 rows / 4 = 100 steps an epoch, 112,000 tokens -> 1,120 tokens a step.
+    # Left: 5,400 - 4,500 - 4 probes x 40 s - 90 s fixed = 650 s at 1,100 tokens/s (the
+    # calibration's steady windows) -> 638.4 steps -> 636 (four equal quarters), 647.6 s.
+    assert result.stdout == "STEPS=636\nPLANNED_FILL_S=648\n"
+    late = steps("5300")  # the earlier stages overran the budget: one epoch still trains
+    assert late.returncode == 0 and late.stdout.startswith("STEPS=100\n")
+    assert "one epoch instead" in late.stderr
