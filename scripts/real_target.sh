@@ -147,9 +147,10 @@ tail -n $HOLDOUT "$ALL.prompts.jsonl" > "$DATA/probe-prompts.jsonl"
 set_run "$TRAIN_DATA" "$DATA/features-$PROMPTS"
 [ -f "$DATA/features-$PROMPTS/train/manifest.json" ] || stage features prepare-features "${RUN[@]}" \
     --batch-tokens 2048
-# A planned run trains for the time the data and feature stages left (they came in 13-22%
-# under their plan on the Xeon: docs/results/2026-12-05-budget-plan-2512.md), kept in the
-# plan; PROMPTS or EPOCHS given (or a rerun that lost the clock): EPOCHS passes.
+# A planned run trains for the time the data and feature stages left, kept in the plan: on
+# the Xeon they came in 13-22% under their plan in one run and 11% over it in the next
+# (docs/results/2026-12-06-budget-fill.md). PROMPTS or EPOCHS given (or a rerun that lost the
+# clock): EPOCHS passes.
 if [ -n "${CAL:-}" ] && ! grep -q '^STEPS=' "$PLAN"; then
     python scripts/plan_budget.py steps --minutes "$MINUTES" \
         --spent $(($(date +%s) - BUDGET_START)) --features "$DATA/features-$PROMPTS" \
