@@ -117,6 +117,16 @@ def extraction_seconds(features: Path | None) -> float | None:
     return float(sum(f["seconds"] for f in files))
 
 
+def calibration_training(run: Path) -> tuple[float, float]:
+    """(steady training tokens/s, the longest probe's seconds) of the calibration's run."""
+    metrics = run / "metrics.jsonl"
+    train = [r["tokens_per_s"] for r in read_metrics(metrics, "train")][1:]  # after warm-up
+    probes = [r["seconds"] for r in read_metrics(metrics, "acceptance")]
+    if not train or not probes:
+        fail(f"{run}/metrics.jsonl: expected 2+ logged training steps and a probe")
+    return statistics.mean(train), max(probes)
+
+
 def size(args: argparse.Namespace) -> dict[str, float]:
     walls = stage_seconds(args.times)
     meta = read_meta(args.data)
@@ -126,17 +136,11 @@ def size(args: argparse.Namespace) -> dict[str, float]:
     if generation is not None:  # prepare-data's own time, without the engine's start
         data_work, data_s = generation
     extraction = extraction_seconds(args.features) or walls["calibrate-features"]
-    metrics = args.run / "metrics.jsonl"
-    train = [r["tokens_per_s"] for r in read_metrics(metrics, "train")][1:]  # after warm-up
-    probes = [r["seconds"] for r in read_metrics(metrics, "acceptance")]
-    if not train or not probes:
-        fail(f"{args.run}/metrics.jsonl: expected 2+ logged training steps and a probe")
+    train_tps, probe_s = calibration_training(args.run)
     per_row = tokens / rows
     data_start = walls["calibrate-data"] - data_work  # imports, model load, engine start
     features_start = walls["calibrate-features"] - extraction  # imports, the target's load
     feature_s = extraction / tokens  # per token
-    train_tps = statistics.mean(train)
-    probe_s = max(probes)
     fixed = data_start + features_start + args.holdout * data_s + args.probes * probe_s + FIXED_S
     per_prompt = data_s + per_row * feature_s + args.epochs * per_row / train_tps
     room = args.minutes * 60 - args.spent - fixed
@@ -163,22 +167,18 @@ def size(args: argparse.Namespace) -> dict[str, float]:
 
 def steps(args: argparse.Namespace) -> dict[str, float]:
     """The training steps that fit the time left, at the calibration's tokens per second."""
-    metrics = args.run / "metrics.jsonl"
-    train = [r["tokens_per_s"] for r in read_metrics(metrics, "train")][1:]  # after warm-up
-    probes = [r["seconds"] for r in read_metrics(metrics, "acceptance")]
-    if not train or not probes:
-        fail(f"{args.run}/metrics.jsonl: expected 2+ logged training steps and a probe")
+    train_tps, probe_s = calibration_training(args.run)
     files = FeatureCache(args.features / "train", check_sizes=False).manifest["files"]
     rows, tokens = sum(f["rows"] for f in files), sum(f["tokens"] for f in files)
     per_epoch = rows // args.micro_batch_size
     per_step = tokens / per_epoch
-    room = args.minutes * 60 - args.spent - args.probes * max(probes) - FIXED_S
-    fitted = int(room * statistics.mean(train) / per_step) // QUARTERS * QUARTERS
+    room = args.minutes * 60 - args.spent - args.probes * probe_s - FIXED_S
+    fitted = int(room * train_tps / per_step) // QUARTERS * QUARTERS
     floor = max(QUARTERS, per_epoch // QUARTERS * QUARTERS)
     if fitted < floor:
         print(f"only {max(fitted, 0)} steps fit the time left: one epoch instead", file=sys.stderr)
     chosen = max(fitted, floor)
-    return {"STEPS": chosen, "PLANNED_FILL_S": round(chosen * per_step / statistics.mean(train))}
+    return {"STEPS": chosen, "PLANNED_FILL_S": round(chosen * per_step / train_tps)}
 
 
 def main() -> None:
