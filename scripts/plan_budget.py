@@ -176,7 +176,9 @@ def steps(args: argparse.Namespace) -> dict[str, float]:
     fitted = int(room * train_tps / per_step) // QUARTERS * QUARTERS
     floor = max(QUARTERS, per_epoch // QUARTERS * QUARTERS)
     if fitted < floor:
-        print(f"only {max(fitted, 0)} steps fit the time left: one epoch instead", file=sys.stderr)
+        print(
+            f"only {max(fitted, 0)} steps fit: one epoch instead, past the budget", file=sys.stderr
+        )
     chosen = max(fitted, floor)
     return {"STEPS": chosen, "PLANNED_FILL_S": round(chosen * per_step / train_tps)}
 
