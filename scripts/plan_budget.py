@@ -168,9 +168,9 @@ def size(args: argparse.Namespace) -> dict[str, float]:
 def steps(args: argparse.Namespace) -> dict[str, float]:
     """The training steps that fit the time left, at the calibration's tokens per second."""
     train_tps, probe_s = calibration_training(args.run)
-    files = FeatureCache(args.features / "train", check_sizes=False).manifest["files"]
-    rows, tokens = sum(f["rows"] for f in files), sum(f["tokens"] for f in files)
-    per_epoch = rows // args.micro_batch_size
+    cache = FeatureCache(args.features / "train", check_sizes=False)
+    tokens = sum(f["tokens"] for f in cache.manifest["files"])
+    per_epoch = cache.num_rows // args.micro_batch_size
     per_step = tokens / per_epoch
     room = args.minutes * 60 - args.spent - args.probes * probe_s - FIXED_S
     fitted = int(room * train_tps / per_step) // QUARTERS * QUARTERS
@@ -209,24 +209,19 @@ def main() -> None:
     if args.command == "dtype":
         print(choose_dtype(args.target))
         return
-    if args.command == "steps":
-        try:
-            fitted = steps(args)
-        except UserError as err:
-            fail(str(err))
-        print(f"STEPS={fitted['STEPS']}\nPLANNED_FILL_S={fitted['PLANNED_FILL_S']}")
-        print(
-            f"training: {fitted['STEPS']} steps fill the {args.minutes:g} minutes after "
-            f"{args.spent:.0f} s spent (about {fitted['PLANNED_FILL_S']} s)",
-            file=sys.stderr,
-        )
-        return
     try:
-        plan = size(args)
+        plan = steps(args) if args.command == "steps" else size(args)
     except UserError as err:  # the calibration's data or cache unreadable: one line
         fail(str(err))
     for key, value in plan.items():
         print(f"{key}={value}")
+    if args.command == "steps":
+        print(
+            f"training: {plan['STEPS']} steps fill the {args.minutes:g} minutes after "
+            f"{args.spent:.0f} s spent (about {plan['PLANNED_FILL_S']} s)",
+            file=sys.stderr,
+        )
+        return
     print(
         f"plan for {args.minutes:g} minutes: {plan['PROMPTS']} conversations x {args.epochs} "
         f"epochs; data {plan['PLANNED_DATA_S']} s, features {plan['PLANNED_FEATURES_S']} s, "

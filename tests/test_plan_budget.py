@@ -42,10 +42,10 @@ def calibration(tmp_path: Path, probe: bool = True) -> list[str]:
     ]  # fmt: skip
 
 
-def plan(args: list[str]) -> subprocess.CompletedProcess:
+def plan(args: list[str], command: str = "size") -> subprocess.CompletedProcess:
     script = REPO / "scripts" / "plan_budget.py"
     return subprocess.run(
-        [sys.executable, str(script), "size", *args], capture_output=True, text=True
+        [sys.executable, str(script), command, *args], capture_output=True, text=True
     )
 
 
@@ -115,10 +115,8 @@ def test_training_takes_the_time_the_earlier_stages_left(tmp_path: Path) -> None
     (cache / "manifest.json").write_text(json.dumps(manifest))
 
     def steps(spent: str) -> subprocess.CompletedProcess:
-        script = REPO / "scripts" / "plan_budget.py"
-        command = [sys.executable, str(script), "steps", "--minutes", "90", "--spent", spent,
-                   "--features", str(cache.parent), "--run", run, "--micro-batch-size", "4"]  # fmt: skip
-        return subprocess.run(command, capture_output=True, text=True)
+        return plan(["--minutes", "90", "--spent", spent, "--features", str(cache.parent),
+                     "--run", run, "--micro-batch-size", "4"], "steps")  # fmt: skip
 
     result = steps("4500")
     assert result.returncode == 0, result.stderr
