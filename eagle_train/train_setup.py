@@ -63,8 +63,8 @@ from eagle_train.parallel import (
 from eagle_train.preemption import Preemption
 from eagle_train.run_config import RunConfig
 from eagle_train.run_dir import check_run_directory, nothing_left_if_failed, write_run_config
-from eagle_train.target import FrozenTarget, load_target_description
-from eagle_train.target.source import FeatureSource
+from eagle_train.target_model import FrozenTarget, load_target_description
+from eagle_train.target_model.source import FeatureSource
 
 log = logging.getLogger(__name__)
 

@@ -37,7 +37,7 @@ from typing import NoReturn
 from eagle_train.data.store import read_meta
 from eagle_train.errors import UserError
 from eagle_train.metrics import read_metrics
-from eagle_train.target.cache import FeatureCache
+from eagle_train.target_model.cache import FeatureCache
 
 FP32_MARGIN = 1.25  # fp32 must beat bf16 by this much: bf16 is what the target serves in
 FIXED_S = 90.0  # subset, model loads, two exports and the random-init floor (measured: 60-80 s)
@@ -49,7 +49,7 @@ MIN_PROMPTS = 64
 def forward_tokens_per_s(path: Path, dtype: str) -> float:
     import torch
 
-    from eagle_train.target import FrozenTarget
+    from eagle_train.target_model import FrozenTarget
 
     target = FrozenTarget.from_pretrained(path, getattr(torch, dtype), "cpu")
     ids = torch.randint(10, target.config.vocab_size, (4, 512), generator=torch.Generator())

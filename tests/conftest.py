@@ -48,12 +48,17 @@ def pytest_configure(config: pytest.Config) -> None:
 # Markers that make a test slow (an engine start, several processes): such tests join the
 # slow tier, which plain `pytest` leaves out (addopts) and `.ci/run` runs.
 SLOW_KINDS = ("vllm", "distributed")
+# The lab's tests (benchmarks/ and research/ tools) form a tier of their own, out of both of
+# the product's: `pytest -m lab`.
+LAB = Path(__file__).resolve().parent / "lab"
 
 
 @pytest.hookimpl(tryfirst=True)  # before -m deselects by marker
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
-        if any(kind in item.keywords for kind in SLOW_KINDS):
+        if LAB in item.path.parents:
+            item.add_marker(pytest.mark.lab)
+        elif any(kind in item.keywords for kind in SLOW_KINDS):
             item.add_marker(pytest.mark.slow)
     if importlib.util.find_spec("vllm") is not None:
         return

@@ -57,7 +57,7 @@ from eagle_train.drafts.eagle3.config import Eagle3Config
 from eagle_train.drafts.eagle3.export import expected_tensors, vllm_config
 from eagle_train.drafts.registry import get_draft
 from eagle_train.export import validate_drafter
-from eagle_train.target import TargetDescription, load_target_description
+from eagle_train.target_model import TargetDescription, load_target_description
 
 VOCAB = 96
 HIDDEN = 64

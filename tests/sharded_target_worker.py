@@ -10,8 +10,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from eagle_train.target import FrozenTarget
-from eagle_train.target.sharded import load_sharded_target
+from eagle_train.target_model import FrozenTarget
+from eagle_train.target_model.sharded import load_sharded_target
 
 
 def main(target: str, out: str) -> None:

@@ -23,7 +23,7 @@ from eagle_train.drafts.eagle3.config import Eagle3Config
 from eagle_train.drafts.eagle3.copy_loss import copy_attention_loss, copy_targets
 from eagle_train.drafts.registry import get_draft
 from eagle_train.metrics import read_metrics
-from eagle_train.target import FrozenTarget
+from eagle_train.target_model import FrozenTarget
 
 REPO = Path(__file__).resolve().parents[1]
 # Row 0 (length 7, padded with 0): "1 2" recurs, so slot 3 (next x_4=1, then x_5=2) matches

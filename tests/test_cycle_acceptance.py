@@ -15,7 +15,7 @@ from eagle_train.drafts.eagle3.config import Eagle3Config
 from eagle_train.drafts.registry import get_draft
 from eagle_train.evaluate.offline import estimate_acceptance
 from eagle_train.metrics import WeightedMean
-from eagle_train.target import FrozenTarget
+from eagle_train.target_model import FrozenTarget
 
 K = 3
 # Row 0: a 3-token prompt, one 9-token answer. Row 1 (length 10, two padding slots): two

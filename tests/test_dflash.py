@@ -26,8 +26,8 @@ from eagle_train.drafts.dflash.blocks import (
 from eagle_train.drafts.dflash.config import DFlashConfig
 from eagle_train.drafts.dflash.loss import BlockStats, dflash_loss
 from eagle_train.drafts.registry import get_draft, identify_drafter
-from eagle_train.target import FrozenTarget, describe_target
-from eagle_train.target.frozen import TargetFeatures
+from eagle_train.target_model import FrozenTarget, describe_target
+from eagle_train.target_model.frozen import TargetFeatures
 
 SPEC = get_draft("dflash")
 GOLDEN = Path(__file__).resolve().parents[1] / "export" / "golden"

@@ -36,7 +36,7 @@ from eagle_train.checkpoint import load_draft_checkpoint
 from eagle_train.engine.counters import SpecCounters
 from eagle_train.evaluate.offline import estimate_acceptance
 from eagle_train.export import export_state, serving_config
-from eagle_train.target import FrozenTarget
+from eagle_train.target_model import FrozenTarget
 
 pytestmark = pytest.mark.vllm
 BLOCK = 8  # configs/train/dflash-*-demo.yaml

@@ -1,7 +1,8 @@
 """The documentation points at things that exist: every relative link (and its #anchor) and
-every repository path named in backticks or code blocks of README.md, docs/**/*.md and
-scripts/README.md; the README stays a front door (under 11,000 bytes); every script in
-scripts/ is listed in scripts/README.md; the README's test command is the one CI runs."""
+every repository path named in backticks or code blocks of README.md, docs/**/*.md and the
+READMEs of scripts/, benchmarks/ and research/; the README stays a front door (under 11,000
+bytes); every script of those folders is listed in its README; no page names a path of the
+machine it was written on; the README's test command is the one CI runs."""
 
 from __future__ import annotations
 
@@ -13,6 +14,9 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 README_LIMIT = 11_000
+TOOL_FOLDERS = ("scripts", "benchmarks", "research")
+# A path of one machine: a home, a scratch or mount folder, the checkout's own absolute path.
+MACHINE_PATH = re.compile(r"(?<![\w.])/(?:root|home|tmp|work|mnt|scratch|data|Users)/[\w.\-]")
 
 LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
 CODE_SPAN = re.compile(r"`([^`\n]+)`")
@@ -23,7 +27,8 @@ PLACEHOLDER = re.compile(r"[<>*{}$]|\.\.\.")  # <name>, globs, $VAR, ...
 
 def doc_files() -> list[Path]:
     docs = sorted((REPO / "docs").rglob("*.md"))
-    return [REPO / "README.md", REPO / "scripts" / "README.md", *docs]
+    tools = [REPO / folder / "README.md" for folder in TOOL_FOLDERS]
+    return [REPO / "README.md", *tools, *docs]
 
 
 def tracked_roots() -> set[str]:
@@ -109,12 +114,38 @@ def test_readme_stays_a_front_door():
     assert size < README_LIMIT, f"README.md is {size} bytes; move detail into docs/"
 
 
-def test_every_script_is_listed_in_the_scripts_index():
-    index = (REPO / "scripts" / "README.md").read_text()
+@pytest.mark.parametrize("folder", TOOL_FOLDERS)
+def test_every_script_is_listed_in_its_folders_index(folder: str):
+    index = (REPO / folder / "README.md").read_text()
     listed = set(re.findall(r"^- `([^`]+)`", index, re.M))
-    present = {p.name for p in (REPO / "scripts").iterdir() if p.name != "README.md"}
-    assert present - listed == set(), f"scripts/README.md does not list {present - listed}"
-    assert listed - present == set(), f"scripts/README.md lists missing {listed - present}"
+    present = {
+        p.name for p in (REPO / folder).iterdir() if p.is_file() and p.suffix in (".py", ".sh")
+    }
+    assert present - listed == set(), f"{folder}/README.md does not list {present - listed}"
+    assert listed - present == set(), f"{folder}/README.md lists missing {listed - present}"
+
+
+def machine_paths(text: str) -> list[str]:
+    return [m.group(0) for m in MACHINE_PATH.finditer(text)]
+
+
+def test_no_page_names_a_path_of_one_machine():
+    """A reader reruns a page's commands from the repository root or with the variables the
+    page defines; /root/..., /tmp/x or /work/... names a folder of the machine it ran on."""
+    bad = [f"{shown(p)}: {hit}" for p in doc_files() for hit in machine_paths(p.read_text())]
+    assert not bad, "\n".join(bad)
+
+
+@pytest.mark.parametrize(
+    ("text", "found"),
+    [
+        ("ran in /work/main/runs/real", ["/work/m"]),
+        ("`/tmp/tt/eval`", ["/tmp/t"]),
+        ("cache in $RUNS/real and runs/x, https://host/tmp/y", []),
+    ],
+)
+def test_the_machine_path_check(text: str, found: list[str]):
+    assert machine_paths(text) == found
 
 
 def test_readme_test_command_is_the_one_ci_runs():

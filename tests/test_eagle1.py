@@ -12,7 +12,7 @@ from eagle_train.data.loader import Batch
 from eagle_train.drafts.eagle1.config import Eagle1Config
 from eagle_train.drafts.registry import get_draft, identify_drafter
 from eagle_train.export import ExportError, validate_drafter
-from eagle_train.target import FrozenTarget
+from eagle_train.target_model import FrozenTarget
 
 SPEC = get_draft("eagle1")
 

@@ -14,7 +14,7 @@ from eagle_train.drafts.eagle3.loss import eagle3_loss, step_weights
 from eagle_train.drafts.eagle3.model import Eagle3Draft
 from eagle_train.drafts.eagle_family import valid_slots
 from eagle_train.drafts.registry import get_draft
-from eagle_train.target import FrozenTarget
+from eagle_train.target_model import FrozenTarget
 
 SPEC = get_draft("eagle3")
 

@@ -25,7 +25,7 @@ from torch import nn
 
 from eagle_train.drafts.eagle3.config import Eagle3Config
 from eagle_train.drafts.registry import get_draft
-from eagle_train.target import FrozenTarget
+from eagle_train.target_model import FrozenTarget
 
 SPEC = get_draft("eagle3")
 STEPS, LENGTH = 3, 7

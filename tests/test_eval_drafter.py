@@ -14,7 +14,7 @@ from eagle_train.config import load_config
 from eagle_train.drafts.registry import get_draft
 from eagle_train.export import export_state
 from eagle_train.run_config import RunConfig
-from eagle_train.target import FrozenTarget
+from eagle_train.target_model import FrozenTarget
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -90,7 +90,7 @@ def test_missing_directory_files(tmp_path: Path, tiny_world: Path, no_vllm: None
 
 def test_a_good_drafter_passes_the_checks(tiny_world: Path, tmp_path: Path) -> None:
     from eagle_train.evaluate.drafter import inspect_drafter
-    from eagle_train.target import load_target_description
+    from eagle_train.target_model import load_target_description
 
     drafter = export_random(tiny_world, "qwen3", tmp_path / "d")
     info = inspect_drafter(

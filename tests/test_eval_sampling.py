@@ -200,28 +200,6 @@ def test_a_sampled_report_labels_its_settings_and_drops_greedy_equality() -> Non
     assert "Decoding: greedy (temperature 0)" in to_markdown(g)
 
 
-def test_ab_experiment_takes_the_same_sampling_settings() -> None:
-    import argparse
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("ab_sampling", REPO / "scripts/ab_experiment.py")
-    ab = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
-    spec.loader.exec_module(ab)  # type: ignore[union-attr]
-
-    def flags(**kw):
-        return argparse.Namespace(**{"temperature": None, "top_p": None, "top_k": None,
-                                     "seed": None, **kw})  # fmt: skip
-
-    assert ab.sampling_sets(flags()) == []
-    assert ab.sampling_sets(flags(temperature=0.8, top_k=5)) == ["temperature=0.8", "top_k=5"]
-    with pytest.raises(ValueError, match="top_p applies only when sampling"):
-        ab.sampling_sets(flags(top_p=0.9))  # refused before anything trains
-    with pytest.raises(ValueError, match="seed applies only when sampling"):
-        ab.sampling_sets(flags(seed=1))  # a seed would change nothing at temperature 0
-    with pytest.raises(ValueError, match="--top-k"):
-        ab.sampling_sets(flags(temperature=1.0, top_k=0))
-
-
 def _served(model: str, pid: str, accepted: int, drafts: int) -> dict:
     """A record of 9 new tokens: (9 - 1) / max(8 - accepted, drafts) tokens per step."""
     return {**_record(model, pid, [1] * 9), "accepted": accepted, "drafts": drafts}

@@ -18,7 +18,7 @@ from eagle_train.evaluate.report import summarize, to_markdown
 from eagle_train.evaluate.settings import EvalSettings
 from eagle_train.export import export_state
 from eagle_train.run_config import RunConfig
-from eagle_train.target import FrozenTarget
+from eagle_train.target_model import FrozenTarget
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 REPO = Path(__file__).resolve().parents[1]

@@ -23,7 +23,7 @@ from eagle_train.demo.targets import target_config
 from eagle_train.drafts.registry import get_draft
 from eagle_train.export import ExportError, export_state, validate_drafter
 from eagle_train.run_config import RunConfig
-from eagle_train.target import FrozenTarget
+from eagle_train.target_model import FrozenTarget
 
 REPO = Path(__file__).resolve().parents[1]
 GOLDEN = REPO / "export" / "golden"

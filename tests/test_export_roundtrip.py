@@ -18,7 +18,7 @@ from eagle_train.data.loader import Batch
 from eagle_train.drafts.registry import get_draft
 from eagle_train.export import export_state
 from eagle_train.run_config import RunConfig
-from eagle_train.target import FrozenTarget
+from eagle_train.target_model import FrozenTarget
 
 
 @pytest.fixture(scope="module", params=["llama", "qwen3"])

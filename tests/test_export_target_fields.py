@@ -20,7 +20,7 @@ from eagle_train.data.vocab import build_vocab_mapping
 from eagle_train.drafts.registry import get_draft
 from eagle_train.export import export_state
 from eagle_train.run_config import RunConfig
-from eagle_train.target import FrozenTarget
+from eagle_train.target_model import FrozenTarget
 
 VOCAB, DRAFT_VOCAB = 320, 96
 _COMMON = dict(

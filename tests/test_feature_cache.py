@@ -25,11 +25,11 @@ from eagle_train.data.loader import BatchLoader, PreparedData
 from eagle_train.features import prepare_features
 from eagle_train.metrics import read_metrics
 from eagle_train.run_config import RunConfig
-from eagle_train.target import FrozenTarget
-from eagle_train.target.cache import FeatureCache, FeatureCacheError, verify_cache
-from eagle_train.target.extract import ExtractSettings
-from eagle_train.target.source import CachedFeatures
-from eagle_train.target.weights import load_target_head
+from eagle_train.target_model import FrozenTarget
+from eagle_train.target_model.cache import FeatureCache, FeatureCacheError, verify_cache
+from eagle_train.target_model.extract import ExtractSettings
+from eagle_train.target_model.source import CachedFeatures
+from eagle_train.target_model.weights import load_target_head
 
 REPO = Path(__file__).resolve().parents[1]
 # subprocesses use this process's thread count: bf16 kernels then round alike

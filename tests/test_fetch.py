@@ -6,7 +6,7 @@ from __future__ import annotations
 from typer.testing import CliRunner
 
 from eagle_train.cli import fetch_real_target_app
-from eagle_train.target.fetch import fetch_real_target
+from eagle_train.target_model.fetch import fetch_real_target
 
 
 def _converted(out):

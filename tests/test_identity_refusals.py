@@ -20,9 +20,9 @@ from eagle_train.config import ConfigError, load_config
 from eagle_train.drafts.registry import get_draft
 from eagle_train.drafts.warm_start import warm_start
 from eagle_train.run_config import RunConfig
-from eagle_train.target import FrozenTarget
-from eagle_train.target.cache import FeatureCacheError, mismatches
-from eagle_train.target.extract import open_split
+from eagle_train.target_model import FrozenTarget
+from eagle_train.target_model.cache import FeatureCacheError, mismatches
+from eagle_train.target_model.extract import open_split
 
 RUN = [1, 2, 3]
 SETS = {"equal": [1, 2, 3], "subset": [1, 2], "superset": [0, 1, 2, 3], "disjoint": [0, 4]}

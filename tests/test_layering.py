@@ -22,18 +22,18 @@ ALLOWED: dict[str, set[str]] = {
     "preemption": set(),  # SIGTERM/SIGUSR1 -> checkpoint and exit 0
     # fetch.py writes the converted real target atomically; a bad model path is a
     # ConfigError naming the key
-    "target": {"config", "fsutil"},
+    "target_model": {"config", "fsutil"},
     "optim": {"config"},
     "demo": {"config", "fsutil"},
     "data": {"config", "fsutil", "engine"},
-    "drafts": {"config", "data", "target"},
-    "evaluate": {"config", "drafts", "engine", "fsutil", "target"},  # needs no training code
+    "drafts": {"config", "data", "target_model"},
+    "evaluate": {"config", "drafts", "engine", "fsutil", "target_model"},  # needs no training code
     "run_config": {"config", "drafts", "evaluate", "optim"},
     "checkpoint": {"config", "data", "fsutil", "run_config"},
     "model_card": {"drafts", "fsutil"},  # an export's README.md
-    "export": {"checkpoint", "drafts", "fsutil", "model_card", "run_config", "target"},
+    "export": {"checkpoint", "drafts", "fsutil", "model_card", "run_config", "target_model"},
     # which target a run loads and where its features come from (online or a cache)
-    "features": {"data", "drafts", "fsutil", "parallel", "run_config", "target"},
+    "features": {"data", "drafts", "fsutil", "parallel", "run_config", "target_model"},
     # what train.output_dir may hold (exports and eval reports beside the run), and the run's
     # config.yaml
     "run_dir": {"checkpoint", "config", "evaluate", "export", "fsutil", "run_config"},
@@ -42,7 +42,7 @@ ALLOWED: dict[str, set[str]] = {
     # vocabulary, optimizer, metrics sink, acceptance probe
     "train_setup": {
         *("acceptance_probe", "checkpoint", "config", "data", "drafts", "features", "fsutil"),
-        *("metrics", "optim", "parallel", "preemption", "run_config", "run_dir", "target"),
+        *("metrics", "optim", "parallel", "preemption", "run_config", "run_dir", "target_model"),
     },
     # the loop: imports the Run from train_setup and never calls back into it
     "train": {
@@ -51,7 +51,7 @@ ALLOWED: dict[str, set[str]] = {
     },
     "cli": {
         *("config", "data", "demo", "evaluate", "export", "features", "fsutil"),
-        *("model_card", "preemption", "run_config", "target", "train"),
+        *("model_card", "preemption", "run_config", "target_model", "train"),
     },
 }
 
@@ -145,3 +145,24 @@ def test_the_checker_sees_lazy_imports(tmp_path: Path) -> None:
     source = tmp_path / "m.py"
     source.write_text("def f():\n    from eagle_train.drafts.base import StepResult\n")
     assert imported_modules(source) == {"eagle_train.drafts.base"}
+
+
+def test_the_package_never_imports_the_lab() -> None:
+    """benchmarks/ and research/ sit beside the package: their scripts import each other as
+    plain modules (``from benchlib import ...``), and a package module that did the same would
+    work in a checkout and break in an install."""
+    lab = {
+        p.stem
+        for folder in ("benchmarks", "research")
+        for p in (PACKAGE.parent / folder).glob("*.py")
+    }
+    bad = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                names = [node.module]
+            bad += [f"{path.relative_to(PACKAGE)}: {n}" for n in names if n.split(".")[0] in lab]
+    assert lab and not bad, "\n".join(bad)

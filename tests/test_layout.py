@@ -38,7 +38,7 @@ def test_no_algorithm_names_outside_drafts() -> None:
     assert not offenders, "algorithm named outside drafts/:\n" + "\n".join(offenders)
 
 
-# A draft or an export sees its target only through TargetDescription (eagle_train/target/):
+# A draft or an export sees its target only through TargetDescription (eagle_train/target_model/):
 # no HF config object, no model-type test (a Qwen3-MoE target once passed as "qwen3" and a
 # gpt-oss one as "llama" that way).
 TARGET_LEAK = re.compile(r"\.model_type\b|PretrainedConfig|AutoConfig|\.config\.|target\.config")
@@ -52,4 +52,6 @@ def test_drafts_and_export_see_the_target_only_through_its_description() -> None
             code = line.split("#", 1)[0]
             if TARGET_LEAK.search(code):
                 offenders.append(f"{path.relative_to(PACKAGE)}:{n}: {line.strip()}")
-    assert not offenders, "target knowledge outside eagle_train/target/:\n" + "\n".join(offenders)
+    assert not offenders, "target knowledge outside eagle_train/target_model/:\n" + "\n".join(
+        offenders
+    )

@@ -21,8 +21,8 @@ from eagle_train.data.loader import PreparedData
 from eagle_train.features import prepare_features
 from eagle_train.metrics import read_metrics
 from eagle_train.run_config import RunConfig
-from eagle_train.target.cache import FeatureCacheError
-from eagle_train.target.extract import ExtractSettings
+from eagle_train.target_model.cache import FeatureCacheError
+from eagle_train.target_model.extract import ExtractSettings
 from eagle_train.train_setup import open_run
 
 

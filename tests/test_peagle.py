@@ -23,7 +23,7 @@ from eagle_train.drafts.registry import get_draft, identify_drafter
 from eagle_train.evaluate.drafter import inspect_drafter
 from eagle_train.export import export_state, validate_drafter
 from eagle_train.run_config import RunConfig
-from eagle_train.target import FrozenTarget
+from eagle_train.target_model import FrozenTarget
 
 SPEC = get_draft("peagle")
 REPO = Path(__file__).resolve().parents[1]

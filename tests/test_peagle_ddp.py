@@ -21,7 +21,7 @@ from torch.nn.parallel import DistributedDataParallel
 from eagle_train.data.loader import Batch
 from eagle_train.drafts.peagle.config import PEagleConfig
 from eagle_train.drafts.registry import get_draft
-from eagle_train.target import FrozenTarget
+from eagle_train.target_model import FrozenTarget
 
 SPEC = get_draft("peagle")
 WORLD = 2

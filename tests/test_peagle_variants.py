@@ -16,7 +16,7 @@ from test_peagle import build
 from eagle_train.config import ConfigError, load_config
 from eagle_train.drafts.peagle.sampling import Elements
 from eagle_train.run_config import RunConfig
-from eagle_train.target import FrozenTarget
+from eagle_train.target_model import FrozenTarget
 
 
 def rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

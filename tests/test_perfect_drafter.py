@@ -26,7 +26,7 @@ from eagle_train.drafts.registry import get_draft
 from eagle_train.engine import VllmEngine
 from eagle_train.evaluate.offline import estimate_acceptance
 from eagle_train.export import serving_config
-from eagle_train.target import FrozenTarget
+from eagle_train.target_model import FrozenTarget
 
 pytestmark = pytest.mark.vllm
 NUM_NEW = 48

@@ -46,7 +46,7 @@ SYSTEM = (
 
 @pytest.fixture(scope="module")
 def smollm2() -> Path:
-    from eagle_train.target.fetch import FetchError, fetch_real_target
+    from eagle_train.target_model.fetch import FetchError, fetch_real_target
 
     given = os.environ.get("EAGLE_TRAIN_REAL_TARGET")
     if given:

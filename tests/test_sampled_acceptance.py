@@ -21,7 +21,7 @@ from eagle_train.drafts.sampled_acceptance import (
     sampled_estimate,
     serving_probs,
 )
-from eagle_train.target import FrozenTarget, TargetFeatures
+from eagle_train.target_model import FrozenTarget, TargetFeatures
 
 # A tiny world over 4 tokens: the target's next-token logits depend on the current token
 # only (row = current token), and the draft proposes a fixed next token for each token.

@@ -23,7 +23,7 @@ from eagle_train.drafts.registry import get_draft
 from eagle_train.engine import VllmEngine, resolve_kv_cache_bytes
 from eagle_train.evaluate.settings import AcceptanceSettings, EvalSettings, TrainAcceptance
 from eagle_train.run_config import RunConfig
-from eagle_train.target import FrozenTarget
+from eagle_train.target_model import FrozenTarget
 from eagle_train.train_setup import with_data_defaults
 
 REPO = Path(__file__).resolve().parents[1]

@@ -18,7 +18,7 @@ from eagle_train.config import load_config
 from eagle_train.drafts.registry import DRAFTS, get_draft
 from eagle_train.export import ExportError, export_state, serving_config
 from eagle_train.run_config import RunConfig
-from eagle_train.target import FrozenTarget
+from eagle_train.target_model import FrozenTarget
 
 REPO = Path(__file__).resolve().parents[1]
 MASK = 5  # a token id of the tiny family target's vocabulary

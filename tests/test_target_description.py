@@ -22,8 +22,8 @@ from target_families import (
 
 from eagle_train.drafts.common import rotary_embedding
 from eagle_train.drafts.registry import check_servable, get_draft, served_methods
-from eagle_train.target import TargetError, describe_target
-from eagle_train.target.description import VLLM_CAPABILITIES
+from eagle_train.target_model import TargetError, describe_target
+from eagle_train.target_model.description import VLLM_CAPABILITIES
 
 
 @pytest.mark.parametrize("family", FAMILIES)

@@ -20,7 +20,7 @@ from eagle_train.config import load_config
 from eagle_train.drafts.registry import get_draft
 from eagle_train.export import export_draft, serving_config
 from eagle_train.run_config import RunConfig
-from eagle_train.target import load_target_description
+from eagle_train.target_model import load_target_description
 from eagle_train.train import train
 
 REPO = Path(__file__).resolve().parents[1]

@@ -10,7 +10,7 @@ import torch
 from target_families import FAMILIES, LAYERS, family_config
 from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 
-from eagle_train.target import FrozenTarget
+from eagle_train.target_model import FrozenTarget
 
 
 def _model(family: str):

@@ -22,7 +22,7 @@ from eagle_train.drafts.registry import DRAFTS, get_draft
 from eagle_train.drafts.warm_start import initial_vocab, warm_start
 from eagle_train.export import export_state
 from eagle_train.run_config import RunConfig
-from eagle_train.target import FrozenTarget
+from eagle_train.target_model import FrozenTarget
 
 FIXTURE = REPO / "tests" / "assets" / "speculators" / "eagle3-llama-tiny"
 

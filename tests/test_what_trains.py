@@ -17,7 +17,7 @@ from eagle_train.data.vocab import build_vocab_mapping
 from eagle_train.drafts.registry import get_draft
 from eagle_train.optim import create_optimizer
 from eagle_train.run_config import RunConfig
-from eagle_train.target import FrozenTarget
+from eagle_train.target_model import FrozenTarget
 
 VOCAB = 256
 PROJ = ("q_proj", "k_proj", "v_proj", "o_proj")

@@ -23,7 +23,7 @@ from eagle_train.evaluate.offline import OfflineAcceptance, estimate_acceptance
 from eagle_train.export import export_draft, export_state, serving_config
 from eagle_train.metrics import read_metrics
 from eagle_train.run_config import RunConfig
-from eagle_train.target import FrozenTarget
+from eagle_train.target_model import FrozenTarget
 from eagle_train.train import train
 from eagle_train.train_setup import draft_vocab
 

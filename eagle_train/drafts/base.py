@@ -11,8 +11,8 @@ from torch import Tensor, nn
 from eagle_train.config import StrictModel
 from eagle_train.data.loader import Batch
 from eagle_train.data.vocab import VocabMapping
-from eagle_train.target import FrozenTarget, TargetDescription, TargetFeatures
-from eagle_train.target.description import Capability
+from eagle_train.target_model import FrozenTarget, TargetDescription, TargetFeatures
+from eagle_train.target_model.description import Capability
 
 
 @dataclass

@@ -13,7 +13,7 @@ from torch import Tensor, nn
 from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
-from eagle_train.target import TargetDescription
+from eagle_train.target_model import TargetDescription
 
 _Dims = TypeVar("_Dims", bound="DecoderDims")
 

@@ -11,7 +11,7 @@ from typing import Any
 import torch
 
 from eagle_train.drafts.base import DraftSpec
-from eagle_train.target import TargetDescription
+from eagle_train.target_model import TargetDescription
 
 PROVENANCE_FILE = "eagle_train.json"
 

@@ -25,7 +25,7 @@ from eagle_train.drafts.common import (
     mirror_target,
 )
 from eagle_train.drafts.ttt_attention import ttt_attention
-from eagle_train.target import TargetDescription
+from eagle_train.target_model import TargetDescription
 
 # A key/value list per layer: entry j holds the (k, v) of chain step j (see ttt_attention).
 LayerKV = list[tuple[Tensor, Tensor]]

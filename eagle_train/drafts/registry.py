@@ -12,8 +12,8 @@ from eagle_train.drafts.dflash.spec import DFlashSpec
 from eagle_train.drafts.eagle1.spec import Eagle1Spec
 from eagle_train.drafts.eagle3.spec import Eagle3Spec
 from eagle_train.drafts.peagle.spec import PEagleSpec
-from eagle_train.target import TargetDescription, TargetError
-from eagle_train.target.description import architectures_with
+from eagle_train.target_model import TargetDescription, TargetError
+from eagle_train.target_model.description import architectures_with
 
 DRAFTS: MappingProxyType[str, DraftSpec] = MappingProxyType(
     {

@@ -20,7 +20,7 @@ from torch import Tensor
 
 from eagle_train.data.loader import Batch
 from eagle_train.drafts.base import DraftSpec
-from eagle_train.target import TargetFeatures
+from eagle_train.target_model import TargetFeatures
 
 
 def serving_probs(logits: Tensor, temperature: float, top_p: float, top_k: int | None) -> Tensor:

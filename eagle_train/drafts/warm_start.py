@@ -24,7 +24,7 @@ from eagle_train.data.vocab import VocabMapping
 from eagle_train.drafts.base import DraftSpec
 from eagle_train.drafts.contract import contract_problems
 from eagle_train.drafts.registry import DRAFTS, identify_drafter
-from eagle_train.target import TargetDescription
+from eagle_train.target_model import TargetDescription
 
 log = logging.getLogger(__name__)
 

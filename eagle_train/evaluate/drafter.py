@@ -15,7 +15,7 @@ from eagle_train.drafts.base import DraftSpec
 from eagle_train.drafts.contract import PROVENANCE_FILE, contract_problems, native_config
 from eagle_train.drafts.registry import identify_drafter
 from eagle_train.errors import UserError
-from eagle_train.target import TargetDescription
+from eagle_train.target_model import TargetDescription
 
 
 class DrafterError(UserError, ValueError):

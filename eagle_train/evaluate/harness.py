@@ -27,8 +27,8 @@ from eagle_train.evaluate.rounds import Round, interleave
 from eagle_train.evaluate.sampling import request_seed, sampling_params
 from eagle_train.evaluate.settings import EvalSettings
 from eagle_train.evaluate.steps import decode_steps
-from eagle_train.target import load_target_description
-from eagle_train.target.location import from_pretrained
+from eagle_train.target_model import load_target_description
+from eagle_train.target_model.location import from_pretrained
 
 log = logging.getLogger(__name__)
 

@@ -16,7 +16,7 @@ from torch import Tensor
 
 from eagle_train.drafts.base import DraftSpec
 from eagle_train.drafts.cycles import replay_positions
-from eagle_train.target import FrozenTarget
+from eagle_train.target_model import FrozenTarget
 
 
 @dataclass

@@ -10,7 +10,7 @@ from transformers import AutoTokenizer
 from eagle_train.drafts.base import SpeculatorsFields, VllmDrafter
 from eagle_train.drafts.common import decoder_fields, layer_tensors, mirror_target
 from eagle_train.drafts.dflash.config import DFlashConfig
-from eagle_train.target import TargetDescription
+from eagle_train.target_model import TargetDescription
 
 
 def resolve_mask_token_id(cfg: DFlashConfig, target: TargetDescription) -> int:

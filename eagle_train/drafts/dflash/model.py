@@ -18,7 +18,7 @@ from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 from eagle_train.drafts.common import MLP, DecoderDims, RMSNorm, rotary_embedding
 from eagle_train.drafts.dflash.attention import block_attention
 from eagle_train.drafts.dflash.blocks import block_positions
-from eagle_train.target import TargetDescription
+from eagle_train.target_model import TargetDescription
 
 
 @dataclass(frozen=True)

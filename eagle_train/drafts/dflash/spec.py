@@ -21,8 +21,8 @@ from eagle_train.drafts.dflash.blocks import (
 from eagle_train.drafts.dflash.config import DFlashConfig
 from eagle_train.drafts.dflash.loss import accuracy_metrics, dflash_loss
 from eagle_train.drafts.dflash.model import DFlashDraft, DFlashShape
-from eagle_train.target import FrozenTarget, TargetDescription, TargetFeatures
-from eagle_train.target.description import Capability
+from eagle_train.target_model import FrozenTarget, TargetDescription, TargetFeatures
+from eagle_train.target_model.description import Capability
 
 # Validation scores the same anchors at every evaluation (and leaves the training RNG alone).
 _VALIDATION_SEED = 0

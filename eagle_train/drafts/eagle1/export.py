@@ -15,7 +15,7 @@ from torch import Tensor
 from eagle_train.drafts.base import VllmDrafter
 from eagle_train.drafts.common import decoder_fields, layer_tensors, mirror_target
 from eagle_train.drafts.eagle1.config import Eagle1Config
-from eagle_train.target import TargetDescription
+from eagle_train.target_model import TargetDescription
 
 
 def vllm_config(cfg: Eagle1Config, target: TargetDescription, head_dim: int) -> dict[str, Any]:

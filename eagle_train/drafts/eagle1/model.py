@@ -13,7 +13,7 @@ from torch import Tensor, nn
 
 from eagle_train.drafts.common import rotary_embedding
 from eagle_train.drafts.eagle_family import DecoderLayer, DraftShape, LayerKV, shift_left
-from eagle_train.target import TargetDescription
+from eagle_train.target_model import TargetDescription
 
 
 class Eagle1Draft(nn.Module):

@@ -16,8 +16,8 @@ from eagle_train.drafts.eagle1.config import Eagle1Config
 from eagle_train.drafts.eagle1.loss import eagle1_loss
 from eagle_train.drafts.eagle1.model import Eagle1Draft
 from eagle_train.drafts.eagle_family import DraftShape, set_backend, shift_left, valid_slots
-from eagle_train.target import FrozenTarget, TargetDescription, TargetFeatures
-from eagle_train.target.description import Capability
+from eagle_train.target_model import FrozenTarget, TargetDescription, TargetFeatures
+from eagle_train.target_model.description import Capability
 
 # Keys only EAGLE-3-family or DFlash drafters write; a plain Llama config has none of them.
 _OTHER_FORMATS = (

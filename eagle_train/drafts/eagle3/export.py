@@ -19,7 +19,7 @@ from eagle_train.drafts.eagle_family import (
     fused_vllm_config,
     switches,
 )
-from eagle_train.target import TargetDescription
+from eagle_train.target_model import TargetDescription
 
 
 def vllm_config(

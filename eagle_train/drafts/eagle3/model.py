@@ -28,7 +28,7 @@ from eagle_train.drafts.eagle_family import (
     shift_left,
 )
 from eagle_train.drafts.ttt_attention import ttt_attention
-from eagle_train.target import TargetDescription
+from eagle_train.target_model import TargetDescription
 
 
 @dataclass

@@ -24,8 +24,8 @@ from eagle_train.drafts.eagle_family import (
     draft_qk_norm,
     set_backend,
 )
-from eagle_train.target import FrozenTarget, TargetDescription, TargetFeatures
-from eagle_train.target.description import Capability
+from eagle_train.target_model import FrozenTarget, TargetDescription, TargetFeatures
+from eagle_train.target_model.description import Capability
 
 
 class Eagle3Spec:

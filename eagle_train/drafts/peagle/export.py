@@ -20,7 +20,7 @@ from eagle_train.drafts.eagle_family import (
     switches,
 )
 from eagle_train.drafts.peagle.config import PEagleConfig
-from eagle_train.target import TargetDescription
+from eagle_train.target_model import TargetDescription
 
 
 def vllm_config(

@@ -17,7 +17,7 @@ from eagle_train.drafts.common import RMSNorm, rotary_embedding
 from eagle_train.drafts.eagle_family import DecoderLayer, DraftShape, FusedInput, FusedLayer
 from eagle_train.drafts.peagle.config import PEagleConfig
 from eagle_train.drafts.peagle.sampling import Elements, attention_mask, block_mask
-from eagle_train.target import TargetDescription
+from eagle_train.target_model import TargetDescription
 
 
 class PEagleDraft(FusedInput):

@@ -25,8 +25,8 @@ from eagle_train.drafts.peagle.sampling import (
     segment_grids,
     supervision,
 )
-from eagle_train.target import FrozenTarget, TargetDescription, TargetFeatures
-from eagle_train.target.description import Capability
+from eagle_train.target_model import FrozenTarget, TargetDescription, TargetFeatures
+from eagle_train.target_model.description import Capability
 
 
 class PEagleSpec:
