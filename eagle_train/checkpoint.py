@@ -232,6 +232,17 @@ def checkpoint_problems(path: Path) -> list[str]:
     return problems
 
 
+def newest_intact(root: Path) -> Path | None:
+    """The newest intact checkpoint under ``root`` (None when there is none); damaged ones
+    are skipped with a warning."""
+    for path in reversed(_step_dirs(root)):
+        found = checkpoint_problems(path)
+        if not found:
+            return path
+        log.warning("skipping checkpoint %s: %s", path, "; ".join(found))
+    return None
+
+
 def find_resumable(root: Path) -> Path | None:
     """The newest intact checkpoint under ``root``; damaged ones are skipped with a warning.
     None when there are no checkpoints at all; an error when all of them are damaged."""

@@ -217,7 +217,13 @@ def prepare_features_app(
 
 @command("export-draft")
 def export_draft_app(
-    checkpoint: Annotated[Path, typer.Argument(help="A checkpoint directory (step-*).")],
+    checkpoint: Annotated[
+        Path,
+        typer.Argument(
+            help="A run directory (train.output_dir: its best/ where the acceptance probe "
+            "kept one, else its newest intact checkpoint) or a checkpoint directory (step-*)."
+        ),
+    ],
     out_dir: Annotated[Path, typer.Argument(help="Where to write the vLLM drafter.")],
     overwrite: Annotated[bool, typer.Option(help="Replace an existing directory.")] = False,
     format: Annotated[
@@ -239,12 +245,15 @@ def export_draft_app(
     model card (README.md) holding the exact vllm serve command."""
     from eagle_train.export import export_draft
     from eagle_train.model_card import serve_command
+    from eagle_train.run_dir import checkpoint_to_export
 
     _start(False)
     if format not in ("vllm", "speculators"):
         raise _fail(ValueError(f"--format {format!r}: expected 'vllm' or 'speculators'"))
     with _one_line():
-        out = export_draft(checkpoint, out_dir, overwrite, format, verifier)  # type: ignore[arg-type]
+        chosen, why = checkpoint_to_export(checkpoint)
+        typer.echo(f"exporting {chosen}: {why}")
+        out = export_draft(chosen, out_dir, overwrite, format, verifier)  # type: ignore[arg-type]
     typer.echo(f"drafter written to {out}")
     provenance = json.loads((out / "eagle_train.json").read_text())
     typer.echo("serve: " + serve_command(provenance, out.resolve()))

@@ -163,15 +163,15 @@ set_probe "$DATA/probe-prompts.jsonl" $((STEPS / 4))
 stage train train-draft "${RUN[@]}" "${PROBE[@]}" --set train.max_steps=$STEPS \
     --set train.log_every=20 --set train.save_every=$((STEPS / 4)) \
     --set optim.warmup_steps=$((STEPS / 20 + 1)) --set "train.output_dir=$OUT/eagle3" --resume auto
-last() { ls -d "$1"/step-* | tail -1; }
-stage export export-draft "$(last "$OUT/eagle3/best")" "$OUT/eagle3/drafter" --overwrite
+# The run directory: export-draft takes its best/ (the probe's best), else its newest intact
+# checkpoint, and prints which.
+stage export export-draft "$OUT/eagle3" "$OUT/eagle3/drafter" --overwrite
 
 # Floor: the same shape, never trained (lr 0 for one step keeps the initial weights).
 stage random-init train-draft "${RUN[@]}" --set optim.lr=0.0 --set optim.warmup_steps=0 \
     --set train.max_steps=1 --set train.save_every=1 --set "train.output_dir=$OUT/random" \
     --resume auto
-stage export-random export-draft "$(last "$OUT/random/checkpoints")" "$OUT/random/drafter" \
-    --overwrite
+stage export-random export-draft "$OUT/random" "$OUT/random/drafter" --overwrite
 
 QUESTIONS=$OUT/mt_bench_every$EVAL_EVERY.jsonl
 python scripts/mt_bench_every.py "$EVAL_EVERY" "$QUESTIONS"

@@ -49,9 +49,10 @@ ALLOWED: dict[str, set[str]] = {
         *("checkpoint", "data", "drafts", "metrics", "parallel", "preemption", "run_config"),
         "train_setup",
     },
+    # run_dir: which checkpoint of a run directory export-draft writes
     "cli": {
         *("config", "data", "demo", "evaluate", "export", "features", "fsutil"),
-        *("model_card", "preemption", "run_config", "target_model", "train"),
+        *("model_card", "preemption", "run_config", "run_dir", "target_model", "train"),
     },
 }
 
