@@ -127,7 +127,7 @@ class SettingError(UserError, ValueError):
 
 def refuse_moved_key(data: Any, key: str, message: str) -> Any:
     """For a ``mode="before"`` validator: ``data`` as it is, or ``ValueError(message)`` when
-    it holds ``key``, a setting that moved elsewhere."""
+    it holds ``key``, a key that has no effect in this section (``message`` says why)."""
     if isinstance(data, dict) and key in data:
         raise ValueError(message)
     return data

@@ -8,7 +8,7 @@ from typing import Any, Literal
 import torch
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
-from eagle_train.config import SettingError, StrictModel, refuse_moved_key
+from eagle_train.config import SettingError, StrictModel
 from eagle_train.drafts.registry import DRAFTS, DraftConfig
 from eagle_train.evaluate.settings import TrainAcceptance
 from eagle_train.optim import OptimConfig
@@ -83,16 +83,6 @@ class DataSection(StrictModel):
             if problem:
                 raise ValueError(problem)
         return self
-
-    @model_validator(mode="before")
-    @classmethod
-    def _size_moved(cls, data: Any) -> Any:
-        return refuse_moved_key(
-            data,
-            "draft_vocab_size",
-            "data.draft_vocab_size moved to draft.draft_vocab_size (the draft vocabulary "
-            "size is a property of the draft): set it there",
-        )
 
 
 def mixture_problem(

@@ -7,7 +7,7 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
-from eagle_train.config import StrictModel, refuse_moved_key
+from eagle_train.config import StrictModel
 
 
 class RegenerateConfig(StrictModel):
@@ -56,17 +56,6 @@ class VocabConfig(StrictModel):
     # len(tokenizer).
     target_vocab_size: int | None = Field(default=None, gt=0)
 
-    @model_validator(mode="before")
-    @classmethod
-    def _size_moved(cls, data: Any) -> Any:
-        return refuse_moved_key(
-            data,
-            "draft_vocab_size",
-            "vocab.draft_vocab_size moved to the train-draft run config as "
-            "draft.draft_vocab_size (prepare-data now always writes the token counts the "
-            "trainer builds the draft vocabulary from): remove it here",
-        )
-
 
 class HubDataset(StrictModel):
     """A dataset read with ``datasets.load_dataset(name, config, split=..., streaming=...)``:
@@ -113,14 +102,6 @@ class SynthesizeConfig(StrictModel):
     # (stems.py: rework the first answer, expand it, ...); a path: one request per line;
     # None: single-turn conversations.
     follow_ups: Literal["builtin"] | Path | None = None
-    # Passage tasks instead of sampled user turns: a JSONL of conversations (e.g. an earlier
-    # prepare-data's regenerated file); prompt k is passage task k mod len, a blank line and
-    # the first assistant answer (of passage_min_words words at least) of the k-th
-    # conversation there that has one, in file order. No sampling: the target then answers
-    # a text it wrote itself, repeating its words (passages.py).
-    passages: Path | None = None
-    passage_tasks: Literal["builtin"] | Path = "builtin"
-    passage_min_words: int = Field(default=30, ge=1)
     # Written as OpenAI JSONL (one user turn each); None -> "<output_dir>.prompts.jsonl".
     output_path: Path | None = None
 

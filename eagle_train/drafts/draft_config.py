@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
-from eagle_train.config import StrictModel, refuse_moved_key
+from eagle_train.config import StrictModel
 
 
 class DraftConfigBase(StrictModel):
@@ -26,14 +25,3 @@ class FusionNorms(StrictModel):
     norm_before_fc: bool = False
     # One RMSNorm per aux layer's chunk of the features before fc (tensors fc_norm.i):
     fc_norm: bool = False
-
-
-def refuse_layer_style(data: Any) -> Any:
-    """For the ``mode="before"`` validator of a draft config with ``qk_norm``: the old
-    ``layer_style`` key (family names for the q/k norm switch) is refused in one line."""
-    return refuse_moved_key(
-        data,
-        "layer_style",
-        "draft.layer_style moved to draft.qk_norm (qwen3 is qk_norm: true, llama is "
-        "qk_norm: false, auto is leaving it unset): set it there",
-    )

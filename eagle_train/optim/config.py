@@ -11,7 +11,6 @@ from pydantic import Field, model_validator
 
 from eagle_train.config import StrictModel
 
-OptimizerName = Literal["adamw", "adam", "sgd"]
 StorageDtype = Literal["auto", "bfloat16", "float16", "float32"]
 Implementation = Literal["auto", "fused", "foreach", "compiled"]
 ScheduleName = Literal["constant", "cosine"]
@@ -28,12 +27,10 @@ class OptimConfig(StrictModel):
     near 1.0) rounding away. It is the low-memory, lower-quality opt-out.
     """
 
-    name: OptimizerName = "adamw"
     lr: float = Field(default=1e-4, ge=0.0)
     betas: tuple[float, float] = (0.9, 0.95)
     eps: float = Field(default=1e-8, ge=0.0)
     weight_decay: float = Field(default=0.01, ge=0.0)
-    momentum: float = Field(default=0.0, ge=0.0, lt=1.0, description="SGD only")
     fp32_master_weights: bool = True
     dtype: StorageDtype = Field(
         default="auto",
@@ -46,8 +43,8 @@ class OptimConfig(StrictModel):
             "torch.optim.AdamW(fused=True)), 'foreach' (bit-exact vs foreach=True), "
             "'compiled' (one torch.compile'd multi-tensor pass per parameter group that also "
             "reads the bf16 grad and writes the bf16 param; fastest, compiles once per run, "
-            "falls back to 'fused' if it cannot compile), 'auto' (compiled for AdamW with "
-            "fp32 master weights, else fused)"
+            "falls back to 'fused' if it cannot compile), 'auto' (compiled with fp32 master "
+            "weights, else fused)"
         ),
     )
 
@@ -55,7 +52,7 @@ class OptimConfig(StrictModel):
         """The implementation 'auto' stands for: the fastest one this optimizer has."""
         if self.implementation != "auto":
             return self.implementation
-        return "compiled" if self.fp32_master_weights and self.name == "adamw" else "fused"
+        return "compiled" if self.fp32_master_weights else "fused"
 
     schedule: ScheduleName = "cosine"
     warmup_steps: int = Field(default=0, ge=0)

@@ -37,7 +37,8 @@ class DFlashConfig(DraftConfigBase):
     # target's distribution at a+k-1. auto (train-draft resolves it from the training data's
     # meta.json and saves the choice): hard when prepare-data regenerated the answers with the
     # target, distill when the answers are the dataset's own. Measured on the demo target
-    # (README): hard beat distill on regenerated data, distill beat hard on raw data.
+    # (docs/results/2026-11-30-ab-experiments.md): hard beat distill on regenerated data,
+    # distill beat hard on raw data.
     loss_target: Literal["auto", "hard", "distill"] = "auto"
     # Block attention kernel: chunked (exact fp32 reference), flex (CUDA: compiled
     # flex_attention with a block mask); auto = flex on CUDA, chunked elsewhere.
