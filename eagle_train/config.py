@@ -22,7 +22,14 @@ class StrictModel(BaseModel):
     """Base of every config section: unknown keys are errors, fields are validated on set,
     and no number is inf or nan (``lr=inf`` would train to NaN after one step)."""
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
+    # Every field's description is the docstring under it (use_attribute_docstrings): what
+    # eagle-train settings, --print-config and docs/settings.md show (docs/training.md).
+    model_config = ConfigDict(
+        extra="forbid",
+        validate_assignment=True,
+        allow_inf_nan=False,
+        use_attribute_docstrings=True,
+    )
 
 
 class ConfigError(UserError, ValueError):

@@ -50,10 +50,13 @@ ALLOWED: dict[str, set[str]] = {
         *("checkpoint", "data", "drafts", "metrics", "parallel", "preemption", "run_config"),
         "train_setup",
     },
+    # every setting of a schema with its type, default and description (eagle-train settings)
+    "settings_reference": set(),
     # run_dir: which checkpoint of a run directory export-draft writes
     "cli": {
         *("config", "data", "demo", "evaluate", "export", "features", "fsutil"),
-        *("model_card", "preemption", "run_config", "run_dir", "target_model", "train"),
+        *("model_card", "preemption", "run_config", "run_dir", "settings_reference"),
+        *("target_model", "train"),
     },
 }
 
