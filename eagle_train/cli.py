@@ -56,7 +56,12 @@ PrintConfigOpt = Annotated[
 ]
 SetOpt = Annotated[
     list[str] | None,
-    typer.Option("--set", "-s", help="Override a config key: --set a.b=value (repeatable)."),
+    typer.Option(
+        "--set",
+        "-s",
+        help="Override a config key: --set a.b=value (repeatable). The keys, their meaning "
+        "and defaults: eagle-train settings --command COMMAND.",
+    ),
 ]
 
 
@@ -238,11 +243,11 @@ def prepare_features_app(
 
 @command("export-draft")
 def export_draft_app(
-    checkpoint: Annotated[
+    run_dir: Annotated[
         Path,
         typer.Argument(
             help="A run directory (train.output_dir: its best/ where the acceptance probe "
-            "kept one, else its newest intact checkpoint) or a checkpoint directory (step-*)."
+            "kept one, else its newest intact checkpoint) or a checkpoint directory (step-*).",
         ),
     ],
     out_dir: Annotated[Path, typer.Argument(help="Where to write the vLLM drafter.")],
@@ -272,7 +277,7 @@ def export_draft_app(
     if format not in ("vllm", "speculators"):
         raise _fail(ValueError(f"--format {format!r}: expected 'vllm' or 'speculators'"))
     with _one_line():
-        chosen, why = checkpoint_to_export(checkpoint)
+        chosen, why = checkpoint_to_export(run_dir)
         typer.echo(f"exporting {chosen}: {why}")
         out = export_draft(chosen, out_dir, overwrite, format, verifier)  # type: ignore[arg-type]
     typer.echo(f"drafter written to {out}")
