@@ -28,16 +28,15 @@ from eagle_train.drafts.registry import check_servable, get_draft
 from eagle_train.errors import UserError
 from eagle_train.fsutil import (
     UnsafePathError,
-    atomic_directory,
     check_no_overlap,
     check_output_path,
-    check_replaceable,
     confined,
     hold_lock,
     naming_disk_full,
     remove_stale_temporaries,
 )
 from eagle_train.model_card import CARD_FILE, render_card
+from eagle_train.ownership import check_owned, owned_directory
 from eagle_train.run_config import DTYPES, RunConfig
 from eagle_train.target_model import TargetDescription, TargetError, load_target_description
 
@@ -45,6 +44,7 @@ ExportFormat = Literal["vllm", "speculators"]
 # What every export writes (its provenance file lists them; exports from before the list
 # wrote these).
 EXPORT_FILES = sorted(("config.json", "model.safetensors", PROVENANCE_FILE, CARD_FILE))
+COMMAND = "export-draft"
 
 
 class ExportError(UserError, ValueError):
@@ -188,22 +188,23 @@ def is_export(path: Path) -> bool:
 
 
 def check_replaceable_export(out: Path, overwrite: bool) -> None:
-    """``out`` may be replaced: new, empty, or an earlier export holding only the files its
-    provenance lists; a file the user added to an export makes ``--overwrite`` refuse."""
-    check_replaceable(out, "OUT_DIR", overwrite, is_export, "an export")
-    if not out.is_dir() or not is_export(out):
-        return
+    """``out`` may be replaced: new, empty, or an earlier export holding nothing but the
+    files it recorded writing (``ownership``); a file the user added to an export, or a card
+    they edited, makes ``--overwrite`` refuse, naming it."""
+    check_owned(out, "OUT_DIR", overwrite, COMMAND, "an export", legacy=legacy_export_files)
+
+
+def legacy_export_files(out: Path) -> set[str] | None:
+    """What an export from before the ownership record wrote: the ``files`` its provenance
+    lists (or the four every export wrote); None when ``out`` is not an export."""
+    if not is_export(out):
+        return None
     listed = json.loads((out / PROVENANCE_FILE).read_text()).get("files", EXPORT_FILES)
     if not isinstance(listed, list):
         raise UnsafePathError(f"{out / PROVENANCE_FILE}: 'files' must be a list of file names")
     for name in listed:
         confined(out, name, out / PROVENANCE_FILE)
-    foreign = sorted(p.name for p in out.iterdir() if p.name not in listed)
-    if foreign:
-        raise UnsafePathError(
-            f"OUT_DIR {out} is an earlier export but also holds {', '.join(foreign)}, which "
-            "export-draft did not write: move them out, or choose another OUT_DIR"
-        )
+    return set(listed)
 
 
 def serving_config(
@@ -251,7 +252,7 @@ def git_revision() -> str | None:
 
 
 def _write_atomic(out: Path, config: dict, tensors: dict, provenance: dict) -> None:
-    with atomic_directory(out) as tmp:
+    with owned_directory(out, COMMAND, "an export", legacy_export_files) as tmp:
         (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
         save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
         (tmp / PROVENANCE_FILE).write_text(json.dumps(provenance, indent=2) + "\n")

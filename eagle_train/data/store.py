@@ -28,15 +28,14 @@ from eagle_train.data.config import PrepareDataConfig
 from eagle_train.data.errors import DataError
 from eagle_train.fsutil import (
     UnsafePathError,
-    atomic_directory,
     check_no_overlap,
     check_output_path,
-    check_replaceable,
     hold_lock,
     remove_empty_dirs,
     remove_stale_temporaries,
     topmost_missing,
 )
+from eagle_train.ownership import check_owned, owned_directory
 
 FORMAT = "eagle-train-prepared"
 FORMAT_VERSION = 1
@@ -49,6 +48,7 @@ FEATURES = datasets.Features(
     }
 )
 _SCRATCH = ".scratch"
+COMMAND, WHAT = "prepare-data", "a prepared dataset"
 
 
 class PreparedDataError(DataError):
@@ -92,23 +92,26 @@ def check_outputs(cfg: PrepareDataConfig) -> None:
 
 
 def check_output_dir(path: Path, overwrite: bool) -> None:
-    """An existing ``path`` is replaced only with ``overwrite``, and only when it is an
-    earlier prepared dataset or empty: never a directory of the user's own."""
+    """An existing ``path`` is replaced only with ``overwrite``, and only when it is empty or
+    holds nothing but the files an earlier prepare-data recorded writing (``ownership``):
+    never a directory of the user's own, a note or a feature cache put inside a dataset."""
     try:
-        check_replaceable(
-            path, "output_dir", overwrite, is_prepared, "a prepared dataset", "set overwrite=true"
+        check_owned(
+            path, "output_dir", overwrite, COMMAND, WHAT, "set overwrite=true", legacy_files
         )
     except UnsafePathError as exc:
         raise DataError(str(exc), reason="config") from None
 
 
-def is_prepared(path: Path) -> bool:
-    """True for a directory ``prepare-data`` wrote (its ``meta.json`` names the format)."""
+def legacy_files(path: Path) -> set[str] | None:
+    """What a dataset prepared before the ownership record holds of its own: the files its
+    ``meta.json`` lists, and ``meta.json`` (None: not a prepared dataset)."""
     try:
-        read_meta(path)
+        meta = read_meta(path)
     except PreparedDataError:
-        return False
-    return True
+        return None
+    files = meta.get("files")
+    return {*files, META_FILE} if isinstance(files, dict) else None
 
 
 @contextmanager
@@ -133,7 +136,7 @@ def atomic_output_dir(final: Path, overwrite: bool) -> Iterator[Path]:
     """Yield a temporary directory that becomes ``final`` only if the block completes."""
     with output_lock(final):
         check_output_dir(final, overwrite)
-        with atomic_directory(final) as tmp:
+        with owned_directory(final, COMMAND, WHAT, legacy_files) as tmp:
             yield tmp
             shutil.rmtree(tmp / _SCRATCH, ignore_errors=True)
 

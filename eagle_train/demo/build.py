@@ -35,10 +35,18 @@ from eagle_train.demo.targets import (
     save_target,
 )
 from eagle_train.demo.tokenizer import train_tokenizer
-from eagle_train.fsutil import atomic_directory, check_output_path, check_replaceable
+from eagle_train.fsutil import (
+    check_output_path,
+    hold_lock,
+    remove_empty_dirs,
+    remove_stale_temporaries,
+    topmost_missing,
+)
+from eagle_train.ownership import check_owned, owned_directory
 
 log = logging.getLogger(__name__)
 
+COMMAND, WHAT = "build-demo-world", "a demo world"
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
@@ -61,9 +69,18 @@ def target_dir(world: str | Path, family: Family, dtype: str = "bf16") -> Path:
 def build_demo_world(cfg: DemoConfig, out_dir: str | Path, overwrite: bool = False) -> dict:
     """Build the world into ``out_dir`` (via a temporary sibling, renamed at the end)."""
     out = check_output_path(out_dir, "OUT")
-    check_replaceable(out, "OUT", overwrite, lambda p: (p / "world.json").is_file(), "a demo world")
-    with atomic_directory(out) as tmp:
-        return _build_into(cfg, tmp)
+    check_owned(out, "OUT", overwrite, COMMAND, WHAT)
+    made = topmost_missing(out.parent)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        with hold_lock(out.parent / f".{out.name}.lock", f"OUT {out}"):
+            remove_stale_temporaries(out)  # left by a build that was killed
+            check_owned(out, "OUT", overwrite, COMMAND, WHAT)
+            with owned_directory(out, COMMAND, WHAT) as tmp:
+                return _build_into(cfg, tmp)
+    finally:  # a failed build leaves no parent directory it made
+        if not out.exists():
+            remove_empty_dirs(out.parent, made)
 
 
 def _build_into(cfg: DemoConfig, root: Path) -> dict:
