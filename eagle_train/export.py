@@ -97,6 +97,7 @@ def export_state(
     except TargetError as exc:
         raise ExportError(str(exc)) from None
     drafter = spec.to_vllm(state, cfg.draft, target)
+    check_config_matches_tensors(cfg, drafter.config, source)
     validate_drafter(spec, drafter, target)
     dtype = DTYPES[cfg.target.dtype]  # the drafter ships in the target's dtype
     config = {**drafter.config, "dtype": cfg.target.dtype}
@@ -137,6 +138,20 @@ def export_state(
         with naming_disk_full(out, "the export"):
             _write_atomic(out, config, tensors, provenance)
     return out
+
+
+def check_config_matches_tensors(cfg: RunConfig, config: dict, source: dict[str, Any]) -> None:
+    """The run config stored with the weights describes them: a draft vocabulary size in the
+    config that differs from the tensors' would be exported with contradictory provenance
+    (its run_config saying one size, config.json the other)."""
+    asked = getattr(cfg.draft, "draft_vocab_size", None)
+    found = config.get("draft_vocab_size", config.get("vocab_size"))
+    if asked is not None and found is not None and asked != found:
+        where = source.get("checkpoint", "the checkpoint")
+        raise ExportError(
+            f"{where}: its config sets draft.draft_vocab_size {asked}, but its tensors hold a "
+            f"draft vocabulary of {found}: the config and the weights are from different runs"
+        )
 
 
 def speculators_config(

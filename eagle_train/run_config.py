@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any, Literal
 
 import torch
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
-from eagle_train.config import SettingError, StrictModel, refuse_moved_key
+from eagle_train.config import Seed, SettingError, StrictModel, refuse_moved_key
 from eagle_train.drafts.registry import DRAFTS, DraftConfig
 from eagle_train.evaluate.settings import TrainAcceptance
 from eagle_train.optim import OptimConfig
@@ -27,7 +28,9 @@ class TargetSection(StrictModel):
 
 class DataSource(StrictModel):
     path: Path  # a prepare-data output directory
-    weight: float = Field(gt=0)  # its share of each epoch's rows (weights need not sum to 1)
+    weight: float = Field(
+        gt=0, allow_inf_nan=False
+    )  # its share of each epoch's rows (weights need not sum to 1)
     # The prepare-features directory made for this path: its train/ split is read instead of
     # running the target. Set on every source or on none.
     features: Path | None = None
@@ -43,7 +46,7 @@ class DataSection(StrictModel):
     features: Path | None = None
     micro_batch_size: int = Field(default=4, ge=1)
     max_length: int | None = Field(default=None, ge=8)  # crop sequences (None: as prepared)
-    seed: int = 0
+    seed: Seed = 0
     # Training micro-batches of whole rows of similar length up to max_tokens_per_batch padded
     # tokens (None: micro_batch_size rows of the mean length), not micro_batch_size rows
     # padded to the longest (data/packing.py). Validation batches stay micro_batch_size rows.
@@ -52,6 +55,10 @@ class DataSection(StrictModel):
     # little (docs/results/2026-12-05-packing-smollm2.md).
     packing: bool = False
     max_tokens_per_batch: int | None = Field(default=None, ge=1)
+    # Rows rendered with another chat template than the target's (meta.json records its
+    # sha256) are refused: the draft would learn text the served target never sees. True
+    # says the mismatch is intended (e.g. a template that only adds a system prompt).
+    allow_chat_template_mismatch: bool = False
 
     @model_validator(mode="after")
     def _budget_needs_packing(self) -> DataSection:
@@ -103,8 +110,15 @@ def mixture_problem(
     paths = [s.path for s in sources]
     if not paths:
         return "data.train: expected a directory or at least one {path, weight}"
-    if len(set(paths)) < len(paths):
-        return "data.train: a source is listed twice (merge its weights)"
+    seen: dict[Path, Path] = {}
+    for path in paths:  # resolved: one dataset named twice through a symlink is one source
+        real = Path(path).expanduser().resolve()
+        if real in seen:
+            same = "" if seen[real] == path else f" (as {seen[real]} and {path})"
+            return f"data.train: a source is listed twice{same} (merge its weights)"
+        seen[real] = path
+    if not math.isfinite(sum(s.weight for s in sources)):
+        return "data.train: the weights' sum is not a finite number: weights are shares, use smaller ones"
     online = [str(s.path) for s in sources if s.features is None]
     if online and len(online) < len(sources):
         return (
@@ -139,8 +153,9 @@ class TrainSection(StrictModel):
     val_batches: int | None = Field(default=20, ge=1)  # None: the whole validation set
     save_every: int = Field(default=500, ge=1)
     keep_last: int = Field(default=3, ge=1)
-    seed: int = 0
-    device: str = "auto"  # auto: cuda when available, else cpu
+    seed: Seed = 0
+    # auto: cuda when available, else cpu (each rank takes its LOCAL_RANK's GPU)
+    device: Literal["auto", "cpu", "cuda"] = "auto"
     # Several ranks (torchrun): ddp replicates the draft; fsdp (FSDP2) shards it and its
     # fp32 optimizer state, for large drafts.
     parallel: Literal["ddp", "fsdp"] = "ddp"

@@ -32,6 +32,7 @@ from eagle_train.data.loader import Batch, BatchLoader, PreparedData
 from eagle_train.data.mixture import open_training_data
 from eagle_train.data.packing import packing_budget
 from eagle_train.data.store import PreparedDataError
+from eagle_train.data.template_match import check_chat_template
 from eagle_train.data.vocab import TokenCounter, VocabMapping, build_vocab_mapping
 from eagle_train.drafts.base import DraftSpec
 from eagle_train.drafts.registry import check_servable, get_draft
@@ -146,6 +147,10 @@ def open_run(cfg: RunConfig) -> Iterator[Run]:
     out = check_output_path(cfg.train.output_dir, "train.output_dir")
     cfg = with_resolved_paths(cfg, out)
     check_run_directory(cfg, out)  # no input overlapped, nothing but an earlier run's files
+    train = cfg.data.train
+    datasets = [train] if isinstance(train, Path) else [s.path for s in train]
+    datasets += [cfg.data.val] if cfg.data.val else []
+    check_chat_template(datasets, cfg.target.path, cfg.data.allow_chat_template_mismatch)
     description = load_target_description(cfg.target.path)
     check_servable(get_draft(cfg.draft.algorithm), description)
     get_draft(cfg.draft.algorithm).target_layer_ids(cfg.draft, description)  # ids in range

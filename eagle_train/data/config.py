@@ -7,7 +7,7 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
-from eagle_train.config import StrictModel, refuse_moved_key
+from eagle_train.config import Seed, StrictModel, refuse_moved_key
 
 
 class RegenerateConfig(StrictModel):
@@ -22,7 +22,7 @@ class RegenerateConfig(StrictModel):
     max_new_tokens: int = Field(default=1024, gt=0)
     temperature: float = Field(default=0.0, ge=0.0)  # 0 -> greedy
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
-    seed: int = 0
+    seed: Seed = 0
     # Conversations handed to the engine together (their turn-i prompts form one stream it
     # batches continuously); finished ones are written after each such group.
     batch_size: int = Field(default=256, gt=0)
@@ -92,7 +92,7 @@ class SynthesizeConfig(StrictModel):
     # Sampling of the user turn; every request gets its own seed (seed + request index).
     temperature: float = Field(default=1.0, gt=0.0)
     top_p: float = Field(default=0.95, gt=0.0, le=1.0)
-    seed: int = 0
+    seed: Seed = 0
     max_new_tokens: int = Field(default=96, gt=0)
     # Kept prompts have this many words at least / characters at most.
     min_words: int = Field(default=3, ge=1)

@@ -30,6 +30,7 @@ from eagle_train.fsutil import (
     UnsafePathError,
     check_no_overlap,
     check_output_path,
+    confined,
     hold_lock,
     remove_empty_dirs,
     remove_stale_temporaries,
@@ -174,6 +175,35 @@ def write_meta(out_dir: Path, meta: dict[str, Any]) -> None:
     (out_dir / META_FILE).write_text(json.dumps(meta, indent=2, sort_keys=False) + "\n")
 
 
+def _confined(root: str | Path, name: object, source: Path) -> Path:
+    """``root / name`` for a name read from ``source``, refused unless it stays inside
+    ``root`` (the rule for checkpoints and caches: no ``..``, no absolute path, no symlink
+    leading out), so a crafted meta.json cannot make a command read or describe a file
+    elsewhere."""
+    try:
+        return confined(Path(root), name, source)
+    except UnsafePathError as exc:
+        raise PreparedDataError(str(exc)) from None
+
+
+def _check_data_files(path: Path) -> None:
+    """The Arrow files ``datasets`` would read (``state.json``'s ``_data_files``) lie inside
+    ``path``: one naming an absolute path would train on a file outside the dataset."""
+    state = path / "state.json"
+    try:
+        info = json.loads(state.read_text())
+    except FileNotFoundError:
+        return  # datasets names what is missing
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise PreparedDataError(f"{state}: unreadable ({exc})") from None
+    entries = info.get("_data_files") if isinstance(info, dict) else None
+    if not isinstance(entries, list):
+        raise PreparedDataError(f"{state}: expected '_data_files', a list of Arrow files")
+    for entry in entries:
+        name = entry.get("filename") if isinstance(entry, dict) else None
+        _confined(path, name, state)
+
+
 def read_meta(path: str | Path) -> dict[str, Any]:
     """``meta.json`` of a prepared directory, checked for format and version."""
     meta_path = Path(path) / META_FILE
@@ -199,12 +229,16 @@ def read_meta(path: str | Path) -> dict[str, Any]:
 def load_prepared(path: str | Path) -> datasets.Dataset:
     """Load a prepared dataset after checking its metadata, columns, size and vocab file."""
     meta = read_meta(path)
-    for name, size in meta.get("files", {}).items():
-        file = Path(path) / name
+    files = meta.get("files", {})
+    if not isinstance(files, dict):
+        raise PreparedDataError(f"{Path(path) / META_FILE}: 'files' must map file names to sizes")
+    for name, size in files.items():
+        file = _confined(path, name, Path(path) / META_FILE)
         found = file.stat().st_size if file.is_file() else None
         if found != size:
             why = "missing" if found is None else f"{found} bytes, meta.json records {size}"
             raise PreparedDataError(f"{file}: {why} (truncated or damaged; prepare it again)")
+    _check_data_files(Path(path))
     try:
         dataset = datasets.load_from_disk(str(path))
     except Exception as exc:  # pyarrow and datasets raise many types for a damaged file
@@ -222,7 +256,10 @@ def load_prepared(path: str | Path) -> datasets.Dataset:
     if expected != dataset.num_rows:
         raise PreparedDataError(f"{path}: {dataset.num_rows} rows but meta.json says {expected}")
     for key in ("token_counts", "vocab"):  # "vocab": a dataset prepared before the counts
-        if meta.get(key) and not (Path(path) / meta[key]["file"]).is_file():
+        entry = meta.get(key)
+        if entry and not isinstance(entry, dict):
+            raise PreparedDataError(f"{Path(path) / META_FILE}: {key!r} must be an object")
+        if entry and not _confined(path, entry.get("file"), Path(path) / META_FILE).is_file():
             raise PreparedDataError(
                 f"{path}: meta.json names {meta[key]['file']}, which is missing"
             )

@@ -23,7 +23,7 @@ import torch
 import transformers
 from pydantic import Field
 
-from eagle_train.config import StrictModel
+from eagle_train.config import Seed, StrictModel
 from eagle_train.demo.corpus import build_corpus, split_corpus
 from eagle_train.demo.targets import (
     Family,
@@ -51,11 +51,12 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
 class DemoConfig(StrictModel):
-    seed: int = 0
-    vocab_size: int = 2048
-    num_tasks: int = 3000
-    max_stdlib_pairs: int = 3000
-    max_stdlib_files: int | None = None
+    seed: Seed = 0
+    # byte-level BPE: 256 byte tokens and the special ones come first
+    vocab_size: int = Field(2048, ge=300, le=1 << 20)
+    num_tasks: int = Field(3000, ge=1)
+    max_stdlib_pairs: int = Field(3000, ge=0)
+    max_stdlib_files: int | None = Field(None, ge=1)
     val_fraction: float = Field(0.05, gt=0, lt=1)
     families: list[Family] = ["llama", "qwen3"]
     shape: TargetShape = TargetShape()

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Literal
 
 import torch
+from pydantic import Field, model_validator
 from transformers import (
     GenerationConfig,
     LlamaConfig,
@@ -32,20 +33,34 @@ Family = Literal["llama", "qwen3"]
 
 
 class TargetShape(StrictModel):
-    hidden_size: int = 128
-    intermediate_size: int = 384
-    num_hidden_layers: int = 4
-    num_attention_heads: int = 4
-    num_key_value_heads: int = 2
-    max_position_embeddings: int = 2048
+    hidden_size: int = Field(default=128, ge=2, le=1 << 14)
+    intermediate_size: int = Field(default=384, ge=1, le=1 << 16)
+    num_hidden_layers: int = Field(default=4, ge=1, le=256)
+    num_attention_heads: int = Field(default=4, ge=1)
+    num_key_value_heads: int = Field(default=2, ge=1)
+    max_position_embeddings: int = Field(default=2048, ge=8, le=1 << 20)
+
+    @model_validator(mode="after")
+    def _heads_divide(self) -> TargetShape:
+        if self.hidden_size % self.num_attention_heads:
+            raise ValueError(
+                f"num_attention_heads {self.num_attention_heads} does not divide hidden_size "
+                f"{self.hidden_size}"
+            )
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ValueError(
+                f"num_key_value_heads {self.num_key_value_heads} does not divide "
+                f"num_attention_heads {self.num_attention_heads}"
+            )
+        return self
 
 
 class PretrainConfig(StrictModel):
-    steps: int = 400
-    batch_size: int = 16
-    seq_len: int = 256
-    lr: float = 3e-3
-    warmup_steps: int = 20
+    steps: int = Field(default=400, ge=1)
+    batch_size: int = Field(default=16, ge=1)
+    seq_len: int = Field(default=256, ge=2)
+    lr: float = Field(default=3e-3, gt=0)
+    warmup_steps: int = Field(default=20, ge=0)
 
 
 def target_config(

@@ -26,7 +26,7 @@ class Sampling(StrictModel):
     top_p: float = Field(default=1.0, gt=0, le=1)  # 1: off
     top_k: int | None = Field(default=None, ge=1)  # None: off
     # The run's seed, each request's derived from it; refused at temperature 0 like top_p/top_k.
-    seed: int = Field(default=0, ge=0)
+    seed: int = Field(default=0, ge=0, le=2**32 - 1)
 
     @model_validator(mode="after")
     def _sampled_only(self) -> Sampling:
@@ -74,6 +74,19 @@ class EvalSettings(AcceptanceSettings):
     # Sampled runs (temperature > 0): every engine also serves the same requests greedily
     # (a second pass, about twice the serving), and the report puts the two side by side.
     beside_greedy: bool = True
+
+    @model_validator(mode="after")
+    def _each_drafter_once(self) -> EvalSettings:
+        """A drafter named twice (also through a symlink) would be measured twice and pooled
+        into one entry: refused, naming it."""
+        seen: dict[str, Path] = {}
+        for drafter in self.drafters:
+            key = str(drafter) if str(drafter) == "ngram" else str(drafter.expanduser().resolve())
+            if key in seen:
+                same = "" if seen[key] == drafter else f" (as {seen[key]} and {drafter})"
+                raise ValueError(f"drafter {drafter} is named twice{same}: name each drafter once")
+            seen[key] = drafter
+        return self
 
     @model_validator(mode="after")
     def _beside_greedy_when_sampling(self) -> EvalSettings:

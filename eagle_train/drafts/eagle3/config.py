@@ -6,7 +6,12 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
-from eagle_train.drafts.draft_config import DraftConfigBase, FusionNorms, refuse_layer_style
+from eagle_train.drafts.draft_config import (
+    MAX_DRAFT_DEPTH,
+    DraftConfigBase,
+    FusionNorms,
+    refuse_layer_style,
+)
 
 
 class Eagle3Config(DraftConfigBase, FusionNorms):
@@ -15,12 +20,12 @@ class Eagle3Config(DraftConfigBase, FusionNorms):
     # (vLLM's). None -> (2, L//2, L-3), which collides on targets with fewer than 7 layers.
     aux_layer_ids: list[int] | None = None
     # Training-time test: K draft steps per position, step k weighted decay^k (normalised).
-    ttt_steps: int = Field(default=7, ge=1)
+    ttt_steps: int = Field(default=7, ge=1, le=MAX_DRAFT_DEPTH)
     step_decay: float = Field(default=0.8, gt=0, le=1)
     # Decoder layers: the first reads cat(embedding, hidden) (2H wide), the others are
     # ordinary pre-norm decoder layers over H (vLLM's llama_eagle3.py); every TTT step runs
     # all of them. Exported as num_hidden_layers.
-    num_layers: int = Field(default=1, ge=1)
+    num_layers: int = Field(default=1, ge=1, le=MAX_DRAFT_DEPTH)
     # Key/value heads of the draft's attention (a divisor of the target's query heads; each
     # group of query heads shares one value of head_dim). None: the target's. More of them
     # widen what attention can carry from an earlier position, a copied token's identity
@@ -49,7 +54,7 @@ class Eagle3Config(DraftConfigBase, FusionNorms):
     # not change.
     copy_supervision: float = Field(default=0.0, ge=0)
     copy_steps: int = Field(default=1, ge=1)
-    copy_heads: int = Field(default=1, ge=1)
+    copy_heads: int = Field(default=1, ge=1, le=MAX_DRAFT_DEPTH)
     # Copy of the target embedding, frozen by default (exported only when trained).
     train_embedding: bool = False
     # Training-time-test attention kernel: chunked (exact fp32 reference), fused (CPU: torch's

@@ -7,7 +7,12 @@ from typing import Any, Literal
 from pydantic import Field, model_validator
 
 from eagle_train.config import SettingError, refuse_moved_key
-from eagle_train.drafts.draft_config import DraftConfigBase, FusionNorms, refuse_layer_style
+from eagle_train.drafts.draft_config import (
+    MAX_DRAFT_DEPTH,
+    DraftConfigBase,
+    FusionNorms,
+    refuse_layer_style,
+)
 
 # vLLM reads norm_output only to pick the hidden it hands the next draft step
 # (model_executor/models/llama_eagle3.py:286); with parallel_drafting the proposer returns
@@ -26,9 +31,9 @@ class PEagleConfig(DraftConfigBase, FusionNorms):
     # EAGLE-3's fused first layer plus (num_layers - 1) ordinary decoder layers. EAGLE-3.1's
     # norm_before_fc and fc_norm (FusionNorms) apply to the aux features and mask_hidden alike
     # (vLLM passes both through combine_hidden_states).
-    num_layers: int = Field(default=4, ge=1)
+    num_layers: int = Field(default=4, ge=1, le=MAX_DRAFT_DEPTH)
     # K: depths predicted in one forward (vLLM num_speculative_tokens).
-    parallel_steps: int = Field(default=4, ge=1)
+    parallel_steps: int = Field(default=4, ge=1, le=MAX_DRAFT_DEPTH)
     # Conditional drop: depth d keeps int((N - d) * max(keep_ratio**d, min_keep_ratio))
     # anchors, N the valid anchors of the sequence (a fraction of the WHOLE valid set, not
     # of the previous depth), drawn from depth d-1's survivors.
