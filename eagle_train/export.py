@@ -74,7 +74,7 @@ def export_draft(
     check_replaceable_export(out, overwrite)
     cfg, state, step = load_draft_checkpoint(checkpoint)
     source = {"checkpoint": str(Path(checkpoint).resolve()), "step": step}
-    return export_state(state, cfg, out_dir, source, overwrite, fmt, verifier)
+    return export_state(state, cfg, out_dir, source, overwrite, fmt, verifier, stored_config=True)
 
 
 def export_state(
@@ -85,9 +85,12 @@ def export_state(
     overwrite: bool = False,
     fmt: ExportFormat = "vllm",
     verifier: str | None = None,
+    stored_config: bool = False,
 ) -> Path:
     """Validate ``state`` against vLLM's contract, cast to the target dtype, write atomically.
-    ``verifier``: the target name recorded for serving (default: the training target path)."""
+    ``verifier``: the target name recorded for serving (default: the training target path).
+    ``stored_config``: ``cfg`` was read from disk beside ``state`` (a checkpoint), so it must
+    describe the tensors (``check_config_matches_tensors``)."""
     out = Path(out_dir)
     check_replaceable_export(out, overwrite)
     target = load_target_description(cfg.target.path, "target.path (of the run config)")
@@ -97,7 +100,8 @@ def export_state(
     except TargetError as exc:
         raise ExportError(str(exc)) from None
     drafter = spec.to_vllm(state, cfg.draft, target)
-    check_config_matches_tensors(cfg, drafter.config, source)
+    if stored_config:
+        check_config_matches_tensors(cfg, drafter.config, source)
     validate_drafter(spec, drafter, target)
     dtype = DTYPES[cfg.target.dtype]  # the drafter ships in the target's dtype
     config = {**drafter.config, "dtype": cfg.target.dtype}
