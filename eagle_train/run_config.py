@@ -45,7 +45,8 @@ class DataSection(StrictModel):
     # set) instead of running the target; only the target's head and embeddings are loaded.
     features: Path | None = None
     micro_batch_size: int = Field(default=4, ge=1)
-    max_length: int | None = Field(default=None, ge=8)  # crop sequences (None: as prepared)
+    # crop sequences (None: as prepared); at most 2**20 tokens
+    max_length: int | None = Field(default=None, ge=8, le=1 << 20)
     seed: Seed = 0
     # Training micro-batches of whole rows of similar length up to max_tokens_per_batch padded
     # tokens (None: micro_batch_size rows of the mean length), not micro_batch_size rows

@@ -93,6 +93,7 @@ def test_build_demo_world_settings(setting: str, named: str, tmp_path: Path):
         ("train.device=banana", "train.device"),
         ("draft.ttt_steps=100000", "draft.ttt_steps"),
         ("draft.num_layers=1000", "draft.num_layers"),
+        ("data.max_length=1000000000000", "data.max_length"),
     ],
 )
 def test_train_draft_settings_refused_when_read(setting: str, named: str, tmp_path: Path):

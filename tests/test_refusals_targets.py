@@ -128,3 +128,20 @@ def test_export_refuses_a_checkpoint_whose_config_disagrees_with_its_tensors(
         f"vocabulary of {size}",
     )
     assert not out.exists()
+
+
+@pytest.mark.slow  # trains a two-step run
+def test_resuming_a_checkpoint_with_another_target(
+    trained: Path,  # noqa: F811
+    tiny_world: Path,
+    tiny_llama_data: Path,
+    tmp_path: Path,
+):
+    """Before: a Llama run resumed with the Qwen3 target (same vocabulary and hidden size)
+    was torch's "Missing optimizer state" traceback."""
+    qwen = tiny_world / "targets" / "qwen3" / "bf16"
+    run = tmp_path / "run"
+    sets = run_sets(qwen, tiny_llama_data, run, "train.max_steps=3")
+    result = invoke(train_draft_app, cli_args(sets, "--resume", str(trained)))
+    one_line_error(result, f"{trained}: does not fit this run's draft (saved for target")
+    assert f"this run: target {qwen}" in result.output

@@ -137,7 +137,8 @@ class PrepareDataConfig(StrictModel):
     chat_template: Path | None = None
     # Extra template variables for every rendering, as at serving time (e.g. enable_thinking).
     chat_template_kwargs: dict[str, Any] = {}
-    max_length: int = Field(default=2048, gt=0)
+    # at most 2**20 tokens: the byte limit of a record (64 per token) stays bounded
+    max_length: int = Field(default=2048, gt=0, le=1 << 20)
     on_bad_record: Literal["error", "skip"] = "error"
     # Read at most this many records (valid or not) from the inputs, in order.
     limit: int | None = Field(default=None, gt=0)
