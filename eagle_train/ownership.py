@@ -29,6 +29,7 @@ from typing import Any
 
 from eagle_train.fsutil import (
     UnsafePathError,
+    atomic_write_text,
     fsync_dir,
     publish_tree,
     remove_empty_dirs,
@@ -65,6 +66,26 @@ def write_record(root: Path, command: str) -> None:
         files[rel] = entry
     record = {"written_by": command, "files": files, "dirs": dirs}
     (root / RECORD).write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
+
+
+def record_rewrite(root: Path, names: list[str], command: str) -> None:
+    """After ``command`` rewrote ``names`` (relative paths) in its own output ``root``, record
+    their new sizes and hashes, so a later ``--overwrite`` still recognises them as the
+    tool's. Only files the record already lists are taken (``root`` must be ``command``'s
+    output); a user's edit made before the rewrite is the caller's to preserve."""
+    record = read_record(root)
+    if record is None or record["written_by"] != command:
+        return
+    for name in names:
+        if name not in record["files"]:
+            raise UnsafePathError(f"{Path(root) / name}: not a file {command} wrote here")
+        path = Path(root) / name
+        entry: dict[str, Any] = {"size": path.stat().st_size}
+        if entry["size"] <= HASHED_BYTES:
+            entry["sha256"] = _sha256(path)
+        record["files"][name] = entry
+    text = json.dumps(record, indent=1, sort_keys=True) + "\n"
+    atomic_write_text(Path(root) / RECORD, text)
 
 
 def read_record(root: Path) -> dict[str, Any] | None:
