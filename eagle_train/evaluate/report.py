@@ -18,7 +18,12 @@ from eagle_train.evaluate.steps import (
     request_steps,
     request_tokens_per_step,
 )
-from eagle_train.fsutil import check_no_overlap, check_output_path
+from eagle_train.fsutil import (
+    check_no_overlap,
+    check_output_path,
+    hold_lock,
+    remove_stale_temporaries,
+)
 from eagle_train.ownership import check_owned, owned_directory
 
 COMMAND, WHAT = "eval-acceptance", "an evaluation"
@@ -366,16 +371,24 @@ def write_report(run: EvalRun, out_dir: Path, overwrite: bool = False) -> dict[s
     """Records, summary (JSON, Markdown) and plot, written together or not at all."""
     check_owned(out_dir, "--out", overwrite, COMMAND, WHAT, legacy=legacy_report_files)
     summary = summarize(run)
-    with owned_directory(out_dir, COMMAND, WHAT, legacy_report_files) as tmp:
-        for name, part in (("per_prompt", run), ("per_prompt_greedy", run.greedy)):
-            if part is not None:  # the greedy pass of a sampled run in a file of its own
-                with open(tmp / f"{name}.jsonl", "w") as f:
-                    for r in part.records:
-                        f.write(json.dumps(r) + "\n")
-        (tmp / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-        (tmp / "summary.md").write_text(to_markdown(summary))
-        plot(summary, tmp / "acceptance.png")
+    out_dir = Path(out_dir)
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    with hold_lock(out_dir.parent / f".{out_dir.name}.lock", f"--out {out_dir}"):
+        remove_stale_temporaries(out_dir)  # left by an evaluation that was killed
+        with owned_directory(out_dir, COMMAND, WHAT, legacy_report_files) as tmp:
+            _write_files(run, summary, tmp)
     return summary
+
+
+def _write_files(run: EvalRun, summary: dict[str, Any], tmp: Path) -> None:
+    for name, part in (("per_prompt", run), ("per_prompt_greedy", run.greedy)):
+        if part is not None:  # the greedy pass of a sampled run in a file of its own
+            with open(tmp / f"{name}.jsonl", "w") as f:
+                for r in part.records:
+                    f.write(json.dumps(r) + "\n")
+    (tmp / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    (tmp / "summary.md").write_text(to_markdown(summary))
+    plot(summary, tmp / "acceptance.png")
 
 
 def plot(summary: dict[str, Any], path: Path) -> None:

