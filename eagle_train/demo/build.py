@@ -52,15 +52,25 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 class DemoConfig(StrictModel):
     seed: Seed = 0
-    # byte-level BPE: 256 byte tokens and the special ones come first
+    """Seed of the corpus and of each target's initialisation and pretraining: the same seed
+    builds the same world."""
     vocab_size: int = Field(2048, ge=300, le=1 << 20)
+    """The demo tokenizer's vocabulary size (tokens; byte-level BPE: its 256 byte tokens and
+    the special ones come first, so at least 300)."""
     num_tasks: int = Field(3000, ge=1)
+    """Synthetic task chats (reverse words, sort numbers, upper-case, add) in the corpus."""
     max_stdlib_pairs: int = Field(3000, ge=0)
+    """Chats made from Python standard-library functions (docstring -> code) at most."""
     max_stdlib_files: int | None = Field(None, ge=1)
+    """Standard-library files read for them at most (None: all)."""
     val_fraction: float = Field(0.05, gt=0, lt=1)
+    """Share of the chats held out as data/val.jsonl."""
     families: list[Family] = ["llama", "qwen3"]
+    """Which demo targets to build: a Llama and/or a Qwen3."""
     shape: TargetShape = TargetShape()
+    """The demo targets' architecture (both families share it)."""
     pretrain: PretrainConfig = PretrainConfig()
+    """How the demo targets are pretrained on the corpus."""
 
 
 def target_dir(world: str | Path, family: Family, dtype: str = "bf16") -> Path:

@@ -34,11 +34,18 @@ Family = Literal["llama", "qwen3"]
 
 class TargetShape(StrictModel):
     hidden_size: int = Field(default=128, ge=2, le=1 << 14)
+    """The demo targets' hidden size."""
     intermediate_size: int = Field(default=384, ge=1, le=1 << 16)
+    """The MLP's inner size."""
     num_hidden_layers: int = Field(default=4, ge=1, le=256)
+    """Decoder layers (4: vLLM's default EAGLE-3 aux layers collide below 7, so the demo
+    configs set draft.aux_layer_ids)."""
     num_attention_heads: int = Field(default=4, ge=1)
+    """Query heads per layer."""
     num_key_value_heads: int = Field(default=2, ge=1)
+    """Key/value heads per layer (grouped-query attention)."""
     max_position_embeddings: int = Field(default=2048, ge=8, le=1 << 20)
+    """The longest context the targets are configured for (tokens)."""
 
     @model_validator(mode="after")
     def _heads_divide(self) -> TargetShape:
@@ -57,10 +64,15 @@ class TargetShape(StrictModel):
 
 class PretrainConfig(StrictModel):
     steps: int = Field(default=400, ge=1)
+    """Pretraining steps of each demo target on the demo corpus."""
     batch_size: int = Field(default=16, ge=1)
+    """Sequences per pretraining step."""
     seq_len: int = Field(default=256, ge=2)
+    """Tokens per pretraining sequence (the corpus is packed into them)."""
     lr: float = Field(default=3e-3, gt=0)
+    """Pretraining's peak learning rate (AdamW)."""
     warmup_steps: int = Field(default=20, ge=0)
+    """Pretraining's linear warm-up steps."""
 
 
 def target_config(
