@@ -234,12 +234,18 @@ def test_a_checkpoint_naming_a_file_outside_itself_is_refused(trained: Path, tmp
 
 def test_an_export_manifest_naming_a_file_outside_is_refused(trained: Path, tmp_path: Path):
     """An eagle_train.json whose ``files`` names ``../x`` cannot widen what --overwrite
-    may replace."""
+    may replace: the ownership record sees the edited file; an export from before the
+    record (its ``files`` read instead) has each name confined."""
     out = tmp_path / "drafter"
     assert export_cli(trained, out).exit_code == 0
     provenance = json.loads((out / "eagle_train.json").read_text())
     provenance["files"].append("../notes")
     (out / "eagle_train.json").write_text(json.dumps(provenance))
+    before = snapshot(tmp_path)
+    result = export_cli(trained, out, "--overwrite")
+    one_line_error(result, f"OUT_DIR {out} holds eagle_train.json (changed since it was written)")
+    assert snapshot(tmp_path) == before
+    (out / RECORD).unlink()  # as an export from before the record
     before = snapshot(tmp_path)
     result = export_cli(trained, out, "--overwrite")
     one_line_error(result, f"{out / 'eagle_train.json'}: file name '../notes'")
