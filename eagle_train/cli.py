@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -28,7 +29,13 @@ app = typer.Typer(
     no_args_is_help=True,
     help="Train speculative-decoding drafts for a frozen target and serve them with vLLM.",
 )
-APPS: dict[str, typer.Typer] = {}  # command name -> its single-command app (console scripts)
+APPS: dict[str, typer.Typer] = {}
+DEVICE_MAPS = (
+    "auto",
+    "balanced",
+    "balanced_low_0",
+    "sequential",
+)  # accelerate's strategies  # command name -> its single-command app (console scripts)
 
 
 def command(name: str) -> Callable[[Callable[..., Any]], typer.Typer]:
@@ -225,6 +232,12 @@ def prepare_features_app(
     from eagle_train.run_config import RunConfig
 
     _start(verbose)
+    if not math.isfinite(shard_mib) or shard_mib > 1 << 20:
+        raise _fail(ValueError(f"--shard-mib {shard_mib}: expected a size in MiB up to {1 << 20}"))
+    if device_map not in (None, *DEVICE_MAPS):
+        raise _fail(
+            ValueError(f"--device-map {device_map!r}: expected one of {', '.join(DEVICE_MAPS)}")
+        )
     settings = ExtractSettings(
         shard_mib=shard_mib, batch_tokens=batch_tokens, device_map=device_map
     )

@@ -8,14 +8,17 @@ the file, the line, the dotted key and what was expected.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Annotated, Any, TypeVar
 
 import yaml
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from eagle_train.errors import UserError
 
 M = TypeVar("M", bound=BaseModel)
+# A random seed every library takes (numpy's are below 2**32; train.seed=1e20 made torch
+# raise from deep inside the run).
+Seed = Annotated[int, Field(ge=0, le=2**32 - 1)]
 
 
 class StrictModel(BaseModel):
@@ -56,8 +59,57 @@ class _UniqueKeyLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep=deep)
 
 
+# Values a config may hold with its aliases expanded (a real one holds a few hundred): an
+# alias "bomb" (each level naming the one above ten times) expands a 400-byte file to
+# billions of values, which every later step (copying, validating) walks.
+MAX_CONFIG_VALUES = 100_000
+MAX_CONFIG_BYTES = 1 << 20
+
+
 def _load_yaml(text: str) -> Any:
+    checked_node(text)
     return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 (a SafeLoader subclass)
+
+
+def checked_node(text: str) -> yaml.Node | None:
+    """The YAML node graph of ``text``, refused (``yaml.YAMLError``) when it is over
+    ``MAX_CONFIG_BYTES``, nested too deep, recursive, or expands (aliases followed) to more
+    than ``MAX_CONFIG_VALUES`` values."""
+    if len(text) > MAX_CONFIG_BYTES:
+        raise yaml.YAMLError(
+            f"{len(text)} characters, more than a config holds ({MAX_CONFIG_BYTES})"
+        )
+    try:
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
+        if node is not None:
+            _expanded_size(node, {}, set())
+    except RecursionError:
+        raise yaml.YAMLError("nested too deep for a config") from None
+    return node
+
+
+def _expanded_size(node: yaml.Node, memo: dict[int, int], open_: set[int]) -> int:
+    key = id(node)
+    if key in memo:
+        return memo[key]
+    if key in open_:
+        raise yaml.YAMLError("an alias refers to a value that holds it (a recursive structure)")
+    open_.add(key)
+    children: list[yaml.Node] = []
+    if isinstance(node, yaml.SequenceNode):
+        children = list(node.value)
+    elif isinstance(node, yaml.MappingNode):
+        children = [part for pair in node.value for part in pair]
+    total = 1
+    for child in children:
+        total += _expanded_size(child, memo, open_)
+        if total > MAX_CONFIG_VALUES:
+            raise yaml.YAMLError(
+                f"its aliases expand to more than {MAX_CONFIG_VALUES} values (an alias bomb?)"
+            )
+    open_.discard(key)
+    memo[key] = total
+    return total
 
 
 def parse_override(text: str) -> tuple[list[str], Any]:
@@ -149,7 +201,7 @@ def read_yaml(path: Path) -> tuple[dict[str, Any], dict[tuple[str, ...], int]]:
     except UnicodeDecodeError as exc:
         raise ConfigError(f"{path}: not a YAML text file (byte {exc.start} is not UTF-8)") from None
     try:
-        node = yaml.compose(text)
+        node = checked_node(text)
         data = _load_yaml(text)
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark

@@ -28,16 +28,15 @@ from eagle_train.drafts.registry import check_servable, get_draft
 from eagle_train.errors import UserError
 from eagle_train.fsutil import (
     UnsafePathError,
-    atomic_directory,
     check_no_overlap,
     check_output_path,
-    check_replaceable,
     confined,
     hold_lock,
     naming_disk_full,
     remove_stale_temporaries,
 )
 from eagle_train.model_card import CARD_FILE, render_card
+from eagle_train.ownership import check_owned, owned_directory
 from eagle_train.run_config import DTYPES, RunConfig
 from eagle_train.target_model import TargetDescription, TargetError, load_target_description
 
@@ -45,6 +44,7 @@ ExportFormat = Literal["vllm", "speculators"]
 # What every export writes (its provenance file lists them; exports from before the list
 # wrote these).
 EXPORT_FILES = sorted(("config.json", "model.safetensors", PROVENANCE_FILE, CARD_FILE))
+COMMAND = "export-draft"
 
 
 class ExportError(UserError, ValueError):
@@ -74,7 +74,7 @@ def export_draft(
     check_replaceable_export(out, overwrite)
     cfg, state, step = load_draft_checkpoint(checkpoint)
     source = {"checkpoint": str(Path(checkpoint).resolve()), "step": step}
-    return export_state(state, cfg, out_dir, source, overwrite, fmt, verifier)
+    return export_state(state, cfg, out_dir, source, overwrite, fmt, verifier, stored_config=True)
 
 
 def export_state(
@@ -85,9 +85,12 @@ def export_state(
     overwrite: bool = False,
     fmt: ExportFormat = "vllm",
     verifier: str | None = None,
+    stored_config: bool = False,
 ) -> Path:
     """Validate ``state`` against vLLM's contract, cast to the target dtype, write atomically.
-    ``verifier``: the target name recorded for serving (default: the training target path)."""
+    ``verifier``: the target name recorded for serving (default: the training target path).
+    ``stored_config``: ``cfg`` was read from disk beside ``state`` (a checkpoint), so it must
+    describe the tensors (``check_config_matches_tensors``)."""
     out = Path(out_dir)
     check_replaceable_export(out, overwrite)
     target = load_target_description(cfg.target.path, "target.path (of the run config)")
@@ -97,6 +100,8 @@ def export_state(
     except TargetError as exc:
         raise ExportError(str(exc)) from None
     drafter = spec.to_vllm(state, cfg.draft, target)
+    if stored_config:
+        check_config_matches_tensors(cfg, drafter.config, source)
     validate_drafter(spec, drafter, target)
     dtype = DTYPES[cfg.target.dtype]  # the drafter ships in the target's dtype
     config = {**drafter.config, "dtype": cfg.target.dtype}
@@ -137,6 +142,20 @@ def export_state(
         with naming_disk_full(out, "the export"):
             _write_atomic(out, config, tensors, provenance)
     return out
+
+
+def check_config_matches_tensors(cfg: RunConfig, config: dict, source: dict[str, Any]) -> None:
+    """The run config stored with the weights describes them: a draft vocabulary size in the
+    config that differs from the tensors' would be exported with contradictory provenance
+    (its run_config saying one size, config.json the other)."""
+    asked = getattr(cfg.draft, "draft_vocab_size", None)
+    found = config.get("draft_vocab_size", config.get("vocab_size"))
+    if asked is not None and found is not None and asked != found:
+        where = source.get("checkpoint", "the checkpoint")
+        raise ExportError(
+            f"{where}: its config sets draft.draft_vocab_size {asked}, but its tensors hold a "
+            f"draft vocabulary of {found}: the config and the weights are from different runs"
+        )
 
 
 def speculators_config(
@@ -188,22 +207,23 @@ def is_export(path: Path) -> bool:
 
 
 def check_replaceable_export(out: Path, overwrite: bool) -> None:
-    """``out`` may be replaced: new, empty, or an earlier export holding only the files its
-    provenance lists; a file the user added to an export makes ``--overwrite`` refuse."""
-    check_replaceable(out, "OUT_DIR", overwrite, is_export, "an export")
-    if not out.is_dir() or not is_export(out):
-        return
+    """``out`` may be replaced: new, empty, or an earlier export holding nothing but the
+    files it recorded writing (``ownership``); a file the user added to an export, or a card
+    they edited, makes ``--overwrite`` refuse, naming it."""
+    check_owned(out, "OUT_DIR", overwrite, COMMAND, "an export", legacy=legacy_export_files)
+
+
+def legacy_export_files(out: Path) -> set[str] | None:
+    """What an export from before the ownership record wrote: the ``files`` its provenance
+    lists (or the four every export wrote); None when ``out`` is not an export."""
+    if not is_export(out):
+        return None
     listed = json.loads((out / PROVENANCE_FILE).read_text()).get("files", EXPORT_FILES)
     if not isinstance(listed, list):
         raise UnsafePathError(f"{out / PROVENANCE_FILE}: 'files' must be a list of file names")
     for name in listed:
         confined(out, name, out / PROVENANCE_FILE)
-    foreign = sorted(p.name for p in out.iterdir() if p.name not in listed)
-    if foreign:
-        raise UnsafePathError(
-            f"OUT_DIR {out} is an earlier export but also holds {', '.join(foreign)}, which "
-            "export-draft did not write: move them out, or choose another OUT_DIR"
-        )
+    return set(listed)
 
 
 def serving_config(
@@ -251,7 +271,7 @@ def git_revision() -> str | None:
 
 
 def _write_atomic(out: Path, config: dict, tensors: dict, provenance: dict) -> None:
-    with atomic_directory(out) as tmp:
+    with owned_directory(out, COMMAND, "an export", legacy_export_files) as tmp:
         (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
         save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
         (tmp / PROVENANCE_FILE).write_text(json.dumps(provenance, indent=2) + "\n")

@@ -10,7 +10,12 @@ from pathlib import Path
 
 from eagle_train.data.loader import PreparedData
 from eagle_train.drafts.registry import get_draft
-from eagle_train.fsutil import naming_disk_full
+from eagle_train.fsutil import (
+    UnsafePathError,
+    check_no_overlap,
+    check_output_path,
+    naming_disk_full,
+)
 from eagle_train.parallel import DistEnv, barrier, init_distributed, shutdown
 from eagle_train.run_config import DTYPES, RunConfig
 from eagle_train.target_model.cache import CacheChain, FeatureCache, FeatureCacheError, plan_shards
@@ -83,6 +88,7 @@ def prepare_features(cfg: RunConfig, settings: ExtractSettings) -> list[SplitRep
             "features"
         )
     splits = [("train", cfg.data.train_dir)] + ([("val", cfg.data.val)] if cfg.data.val else [])
+    check_cache_apart(cfg, Path(cfg.data.features))
     for _, data in splits:  # every dataset readable before anything is written
         PreparedData(Path(data))
     env = init_distributed(cfg.train.device, cfg.train.dist_timeout_s)
@@ -100,6 +106,26 @@ def prepare_features(cfg: RunConfig, settings: ExtractSettings) -> list[SplitRep
         return reports
     finally:
         shutdown(env)
+
+
+def check_cache_apart(cfg: RunConfig, features: Path) -> None:
+    """``data.features`` is a directory of its own: not a file, and not one of the run's
+    inputs, inside one or holding one (a cache written into a dataset would be lost when the
+    dataset is prepared again, and one inside the target would change the target's folder)."""
+    if features.is_symlink() and not features.exists():
+        raise FeatureCacheError(f"data.features {features} is a broken link")
+    if features.exists() and not features.is_dir():
+        raise FeatureCacheError(
+            f"data.features {features} is a file: expected the directory to write the cache to"
+        )
+    inputs = [("dataset", Path(cfg.data.train_dir)), ("target", cfg.target.path)]
+    if cfg.data.val is not None:
+        inputs.append(("validation dataset", Path(cfg.data.val)))
+    try:
+        check_output_path(features, "data.features")
+        check_no_overlap(features, "data.features", inputs)
+    except UnsafePathError as exc:
+        raise FeatureCacheError(str(exc)) from None
 
 
 def _prepare_split(

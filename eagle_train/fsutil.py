@@ -56,11 +56,11 @@ def atomic_directory(final: Path) -> Iterator[Path]:
             old = final.parent / f".{final.name}{_OLD}{uuid.uuid4().hex[:8]}"
             final.rename(old)
             tmp.rename(final)
-            _fsync_dir(final.parent)
+            fsync_dir(final.parent)
             shutil.rmtree(old)
         else:
             tmp.rename(final)
-            _fsync_dir(final.parent)
+            fsync_dir(final.parent)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         remove_empty_dirs(final.parent, made)
@@ -126,10 +126,10 @@ def publish_tree(root: Path) -> None:
                 os.fsync(fd)
             finally:
                 os.close(fd)
-        _fsync_dir(Path(dirpath))
+        fsync_dir(Path(dirpath))
 
 
-def _fsync_dir(path: Path) -> None:
+def fsync_dir(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
     try:
         os.fsync(fd)

@@ -34,6 +34,8 @@ from torch.distributed.fsdp import FSDPModule, fully_shard
 from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
 
+from eagle_train.errors import UserError
+
 Strategy = Literal["ddp", "fsdp"]
 
 
@@ -51,6 +53,10 @@ class DistEnv:
     @property
     def distributed(self) -> bool:
         return self.world_size > 1
+
+
+class DeviceError(UserError, RuntimeError):
+    """A device this process cannot use (one line, exit 2)."""
 
 
 def die_with_launcher(sig: int = signal.SIGTERM) -> None:
@@ -77,7 +83,13 @@ def init_distributed(device: str, timeout_s: float) -> DistEnv:
     rank = int(os.environ.get("RANK", "0"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     kind = ("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device
-    kind = torch.device(kind).type
+    if kind not in ("cpu", "cuda"):
+        raise DeviceError(f"train.device {device!r}: expected auto, cpu or cuda")
+    if kind == "cuda" and local_rank >= torch.cuda.device_count():
+        raise DeviceError(
+            f"train.device cuda: this process sees {torch.cuda.device_count()} CUDA device(s) "
+            f"(torch {torch.__version__}), rank {local_rank} needs one: use cpu or auto"
+        )
     dev = torch.device(kind, local_rank) if kind == "cuda" else torch.device(kind)
     if kind == "cuda":
         torch.cuda.set_device(dev)

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any, Literal
 
 import torch
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
-from eagle_train.config import SettingError, StrictModel
+from eagle_train.config import Seed, SettingError, StrictModel
 from eagle_train.drafts.registry import DRAFTS, DraftConfig
 from eagle_train.evaluate.settings import TrainAcceptance
 from eagle_train.optim import OptimConfig
@@ -32,7 +33,7 @@ class TargetSection(StrictModel):
 class DataSource(StrictModel):
     path: Path
     """A prepare-data output directory."""
-    weight: float = Field(gt=0)
+    weight: float = Field(gt=0, allow_inf_nan=False)
     """Its share of each epoch's rows (weights need not sum to 1)."""
     features: Path | None = None
     """The prepare-features directory made for this path: its train/ split is read instead of
@@ -52,9 +53,9 @@ class DataSection(StrictModel):
     micro_batch_size: int = Field(default=4, ge=1)
     """Rows per micro-batch on each rank (one optimizer step takes micro_batch_size x
     train.grad_accum x ranks rows)."""
-    max_length: int | None = Field(default=None, ge=8)
+    max_length: int | None = Field(default=None, ge=8, le=1 << 20)
     """Crop rows to this many tokens (None: as prepared)."""
-    seed: int = 0
+    seed: Seed = 0
     """Seed of the row order (each epoch a new permutation drawn from it; exact on resume)."""
     packing: bool = False
     """Training micro-batches of whole rows of similar length up to max_tokens_per_batch padded
@@ -66,6 +67,11 @@ class DataSection(StrictModel):
     max_tokens_per_batch: int | None = Field(default=None, ge=1)
     """With packing: padded tokens per training micro-batch (None: micro_batch_size rows of the
     data's mean length)."""
+    allow_chat_template_mismatch: bool = False
+    """Train on rows rendered with another chat template than the target's (meta.json records
+    its sha256). False: refused, since the draft would learn text the served target never
+    sees; true says the mismatch is intended (e.g. a template that only adds a system
+    prompt)."""
 
     @model_validator(mode="after")
     def _budget_needs_packing(self) -> DataSection:
@@ -107,8 +113,15 @@ def mixture_problem(
     paths = [s.path for s in sources]
     if not paths:
         return "data.train: expected a directory or at least one {path, weight}"
-    if len(set(paths)) < len(paths):
-        return "data.train: a source is listed twice (merge its weights)"
+    seen: dict[Path, Path] = {}
+    for path in paths:  # resolved: one dataset named twice through a symlink is one source
+        real = Path(path).expanduser().resolve()
+        if real in seen:
+            same = "" if seen[real] == path else f" (as {seen[real]} and {path})"
+            return f"data.train: a source is listed twice{same} (merge its weights)"
+        seen[real] = path
+    if not math.isfinite(sum(s.weight for s in sources)):
+        return "data.train: the weights' sum is not a finite number: weights are shares, use smaller ones"
     online = [str(s.path) for s in sources if s.features is None]
     if online and len(online) < len(sources):
         return (
@@ -154,11 +167,12 @@ class TrainSection(StrictModel):
     """Write a checkpoint every this many steps (and at the end)."""
     keep_last: int = Field(default=3, ge=1)
     """Checkpoints kept under checkpoints/; older ones are deleted after each save."""
-    seed: int = 0
+    seed: Seed = 0
     """Seed of the draft's initialisation and of every random draw in training (noise, sampled
     anchors)."""
-    device: str = "auto"
-    """'auto': cuda when available, else cpu; or a torch device string ('cpu', 'cuda')."""
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    """'auto': cuda when available, else cpu; 'cpu'; or 'cuda' (each rank takes its
+    LOCAL_RANK's GPU; refused where torch sees none)."""
     parallel: Literal["ddp", "fsdp"] = "ddp"
     """Several ranks (torchrun): ddp replicates the draft; fsdp (FSDP2) shards it and its fp32
     optimizer state, for large drafts."""

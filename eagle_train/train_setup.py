@@ -32,6 +32,7 @@ from eagle_train.data.loader import Batch, BatchLoader, PreparedData
 from eagle_train.data.mixture import open_training_data
 from eagle_train.data.packing import packing_budget
 from eagle_train.data.store import PreparedDataError
+from eagle_train.data.template_match import check_chat_template
 from eagle_train.data.vocab import TokenCounter, VocabMapping, build_vocab_mapping
 from eagle_train.drafts.base import DraftSpec
 from eagle_train.drafts.registry import check_servable, get_draft
@@ -146,6 +147,10 @@ def open_run(cfg: RunConfig) -> Iterator[Run]:
     out = check_output_path(cfg.train.output_dir, "train.output_dir")
     cfg = with_resolved_paths(cfg, out)
     check_run_directory(cfg, out)  # no input overlapped, nothing but an earlier run's files
+    train = cfg.data.train
+    datasets = [train] if isinstance(train, Path) else [s.path for s in train]
+    datasets += [cfg.data.val] if cfg.data.val else []
+    check_chat_template(datasets, cfg.target.path, cfg.data.allow_chat_template_mismatch)
     description = load_target_description(cfg.target.path)
     check_servable(get_draft(cfg.draft.algorithm), description)
     get_draft(cfg.draft.algorithm).target_layer_ids(cfg.draft, description)  # ids in range
@@ -193,7 +198,7 @@ def setup_run(cfg: RunConfig, env: DistEnv, out: Path, preemption: Preemption) -
     scheduler = build_lr_scheduler(optimizer, cfg.optim, cfg.train.max_steps)
     state = TrainerState(step=0, loader=loader.state, world_size=env.world_size)
     if resumed is not None:
-        state = restore(resumed, model, optimizer, scheduler, loader, env)
+        state = restore(resumed, model, optimizer, scheduler, loader, env, cfg.target.path)
     else:
         torch.manual_seed(cfg.train.seed + env.rank)  # per-rank sampling streams
     guard = PrecisionGuard(enabled=cfg.optim.fp32_master_weights)
@@ -327,9 +332,26 @@ def resume_point(cfg: RunConfig, out: Path, env: DistEnv) -> Resumed | None:
 
 
 def restore(
-    resumed: Resumed, model: nn.Module, optimizer, scheduler, loader: BatchLoader, env: DistEnv
+    resumed: Resumed,
+    model: nn.Module,
+    optimizer,
+    scheduler,
+    loader: BatchLoader,
+    env: DistEnv,
+    target: Path | None = None,
 ) -> TrainerState:
-    load_full_state(model, optimizer, resumed.draft, resumed.optimizer)
+    try:
+        load_full_state(model, optimizer, resumed.draft, resumed.optimizer)
+    except (RuntimeError, KeyError, ValueError) as exc:
+        # another target (a Llama run resumed with a Qwen3 target), or draft settings
+        # changed since: the saved tensors do not fit this run's draft
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        was = resumed.config.target.path
+        raise CheckpointError(
+            f"{resumed.path}: does not fit this run's draft (saved for target {was} with its "
+            f"own draft settings; this run: target {target}): {first[:200]}. "
+            "Resume with the run's own target and draft settings, or start a new run"
+        ) from None
     scheduler.load_state_dict(resumed.scheduler)
     state = resumed.state
     loader.state = replace(state.loader)

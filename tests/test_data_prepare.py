@@ -211,14 +211,19 @@ def test_existing_output_needs_overwrite(tmp_path, tokenizer_dir):
         prepare_data(cfg)
     # issue 18: overwrite replaces an earlier prepared dataset, never a user's directory.
     cfg.overwrite = True
-    with pytest.raises(DataError, match="is not empty and not a prepared dataset: refusing"):
+    with pytest.raises(
+        DataError, match="holds old.txt .and no record of the files prepare-data wrote"
+    ):
         prepare_data(cfg)
     assert (cfg.output_dir / "old.txt").read_text() == "old"
     (cfg.output_dir / "old.txt").unlink()  # an empty directory is taken
     prepare_data(cfg)
-    (cfg.output_dir / "stale.arrow").write_text("from the earlier run")
-    prepare_data(cfg)  # an earlier prepared dataset is replaced
-    assert not (cfg.output_dir / "stale.arrow").exists()
+    (cfg.output_dir / "notes.txt").write_text("mine")  # issue 59: never removed
+    with pytest.raises(DataError, match="holds notes.txt, which prepare-data did not write"):
+        prepare_data(cfg)
+    assert (cfg.output_dir / "notes.txt").read_text() == "mine"
+    (cfg.output_dir / "notes.txt").unlink()
+    prepare_data(cfg)  # an earlier prepared dataset, nothing but its own files: replaced
     assert len(load_prepared(cfg.output_dir)) == 3 and leftovers(tmp_path) == []
 
 

@@ -14,6 +14,7 @@ from eagle_train.config import load_config
 from eagle_train.demo.build import DemoConfig, build_demo_world, target_dir
 from eagle_train.demo.tokenizer import BOS, EOS, MASK, PAD, ROLE_TOKENS
 from eagle_train.fsutil import UnsafePathError
+from eagle_train.ownership import RECORD
 
 
 def read_jsonl(path: Path) -> list[dict]:
@@ -78,7 +79,7 @@ def file_digest(root: Path) -> dict[str, str]:
     return {
         str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
         for p in sorted(root.rglob("*"))
-        if p.is_file() and p.name != "world.json"
+        if p.is_file() and p.name not in ("world.json", RECORD)  # both hold build_seconds
     }
 
 

@@ -164,6 +164,7 @@ def test_export_from_checkpoint_cli(tiny_world: Path, tiny_llama_data: Path, tmp
     assert result.exit_code == 0, result.output
     assert '"method": "eagle3"' in result.output
     assert sorted(p.name for p in out.iterdir()) == [
+        ".eagle-train-files.json",  # what it wrote, for --overwrite (docs/file-safety.md)
         "README.md",
         "config.json",
         "eagle_train.json",

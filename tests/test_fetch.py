@@ -47,7 +47,9 @@ def test_foreign_directory_is_not_touched(tmp_path):
     out = tmp_path / "smollm2"
     (out / "bf16").mkdir(parents=True)
     (out / "bf16" / "notes.txt").write_text("mine")
-    result = CliRunner().invoke(fetch_real_target_app, [str(out), "--cache-dir", str(tmp_path)])
+    result = CliRunner().invoke(
+        fetch_real_target_app, [str(out), "--cache-dir", str(tmp_path / "cache")]
+    )
     assert result.exit_code == 2
-    assert "is not a converted model" in result.output
+    assert f"OUT_DIR {out} holds bf16 (and no record of the files" in result.output
     assert (out / "bf16" / "notes.txt").read_text() == "mine"

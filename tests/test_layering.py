@@ -17,22 +17,35 @@ ALLOWED: dict[str, set[str]] = {
     "errors": set(),  # UserError, the base of every user-facing error: any room may import it
     "config": set(),
     "fsutil": set(),
+    # the record of the files a command wrote into its output, and the rule that --overwrite
+    # removes only those (every command that writes an output directory)
+    "ownership": {"fsutil"},
     "metrics": {"fsutil"},  # metrics.jsonl rewritten atomically
     "parallel": set(),
     "engine": set(),  # vLLM engine and its counters: below data and evaluate
     "preemption": set(),  # SIGTERM/SIGUSR1 -> checkpoint and exit 0
     # fetch.py writes the converted real target atomically; a bad model path is a
     # ConfigError naming the key
-    "target_model": {"config", "fsutil"},
+    "target_model": {"config", "fsutil", "ownership"},
     "optim": {"config"},
-    "demo": {"config", "fsutil"},
-    "data": {"config", "fsutil", "engine"},
+    "demo": {"config", "fsutil", "ownership"},
+    "data": {"config", "fsutil", "engine", "ownership"},
     "drafts": {"config", "data", "target_model"},
-    "evaluate": {"config", "drafts", "engine", "fsutil", "target_model"},  # needs no training code
+    "evaluate": {
+        "config",
+        "drafts",
+        "engine",
+        "fsutil",
+        "ownership",
+        "target_model",
+    },  # needs no training code
     "run_config": {"config", "drafts", "evaluate", "optim"},
     "checkpoint": {"config", "data", "fsutil", "run_config"},
     "model_card": {"drafts", "fsutil"},  # an export's README.md
-    "export": {"checkpoint", "drafts", "fsutil", "model_card", "run_config", "target_model"},
+    "export": {
+        *("checkpoint", "drafts", "fsutil", "model_card", "ownership", "run_config"),
+        "target_model",
+    },
     # which target a run loads and where its features come from (online or a cache)
     "features": {"data", "drafts", "fsutil", "parallel", "run_config", "target_model"},
     # what train.output_dir may hold (exports and eval reports beside the run), and the run's

@@ -95,7 +95,7 @@ def test_export_overwrite_refuses_what_it_did_not_write(run_dir: Path, tmp_path:
     user.mkdir()
     (user / "thesis.tex").write_text("years of work")
     cases = [
-        (user, "is not empty and not an export: refusing"),
+        (user, "holds thesis.tex (and no record of the files export-draft wrote"),
         (run_dir, "contains the checkpoint"),
         (ckpt, "is the checkpoint"),
         (ckpt / "drafter", "is inside the checkpoint"),
@@ -408,7 +408,7 @@ def test_eval_out_onto_an_earlier_evaluation(tiny_world: Path, tmp_path: Path, n
     (user / "summary.json").write_text("my own summary")
     for out, extra, why in [
         (earlier, (), "already exists; pass --overwrite to replace it"),
-        (user, ("--overwrite",), "is not empty and not an evaluation: refusing"),
+        (user, ("--overwrite",), "holds summary.json (and no record of the files"),
         (drafter, ("--overwrite",), "is the drafter"),
         (drafter / "eval", ("--overwrite",), "is inside the drafter"),
     ]:

@@ -18,6 +18,7 @@ from typer.testing import CliRunner
 
 from eagle_train.cli import export_draft_app, train_draft_app
 from eagle_train.config import load_config
+from eagle_train.ownership import RECORD
 from eagle_train.run_config import RunConfig
 from eagle_train.run_dir import check_run_directory, write_run_config
 from eagle_train.train import train
@@ -131,13 +132,13 @@ def test_export_overwrite_keeps_a_file_the_user_added(trained: Path, tmp_path: P
     out = tmp_path / "drafter"
     assert export_cli(trained, out).exit_code == 0
     listed = json.loads((out / "eagle_train.json").read_text())["files"]
-    assert sorted(p.name for p in out.iterdir()) == listed
+    assert sorted(p.name for p in out.iterdir() if p.name != RECORD) == listed
     (out / "my-eval-notes.md").write_text("AL 2.9 on my prompts")
     (out / "plots").mkdir()
     before = snapshot(out)
     result = export_cli(trained, out, "--overwrite")
     one_line_error(
-        result, f"OUT_DIR {out} is an earlier export but also holds my-eval-notes.md, plots"
+        result, f"OUT_DIR {out} holds my-eval-notes.md, which export-draft did not write"
     )
     assert snapshot(out) == before
     (out / "my-eval-notes.md").unlink()
@@ -233,12 +234,18 @@ def test_a_checkpoint_naming_a_file_outside_itself_is_refused(trained: Path, tmp
 
 def test_an_export_manifest_naming_a_file_outside_is_refused(trained: Path, tmp_path: Path):
     """An eagle_train.json whose ``files`` names ``../x`` cannot widen what --overwrite
-    may replace."""
+    may replace: the ownership record sees the edited file; an export from before the
+    record (its ``files`` read instead) has each name confined."""
     out = tmp_path / "drafter"
     assert export_cli(trained, out).exit_code == 0
     provenance = json.loads((out / "eagle_train.json").read_text())
     provenance["files"].append("../notes")
     (out / "eagle_train.json").write_text(json.dumps(provenance))
+    before = snapshot(tmp_path)
+    result = export_cli(trained, out, "--overwrite")
+    one_line_error(result, f"OUT_DIR {out} holds eagle_train.json (changed since it was written)")
+    assert snapshot(tmp_path) == before
+    (out / RECORD).unlink()  # as an export from before the record
     before = snapshot(tmp_path)
     result = export_cli(trained, out, "--overwrite")
     one_line_error(result, f"{out / 'eagle_train.json'}: file name '../notes'")

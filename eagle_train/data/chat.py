@@ -46,6 +46,10 @@ from __future__ import annotations
 
 import hashlib
 import re
+import signal
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -53,8 +57,47 @@ import jinja2
 
 from eagle_train.data.errors import DataError
 from eagle_train.data.messages import REASONING_KEYS, Message
+from eagle_train.errors import UserError
 
 MARKER = "\x00CONTENT\x00"
+# One rendering of one conversation may take this long (a real template takes milliseconds;
+# two nested range(100000) loops would take hours): then the template is refused.
+RENDER_SECONDS = 10.0
+
+
+class TemplateTooSlowError(UserError, RuntimeError):
+    """A chat template that renders one conversation for longer than ``RENDER_SECONDS``: a
+    fault of the template, not of one record, so it stops the command (never skipped)."""
+
+
+@contextmanager
+def bounded_rendering(where: str) -> Iterator[None]:
+    """Interrupt the block after ``RENDER_SECONDS`` (SIGALRM, so only in the main thread, and
+    only when no other timer runs; elsewhere unbounded)."""
+    usable = (
+        hasattr(signal, "setitimer")
+        and threading.current_thread() is threading.main_thread()
+        and signal.getitimer(signal.ITIMER_REAL)[0] == 0
+    )
+    if not usable:
+        yield
+        return
+
+    def expire(signum: int, frame: Any) -> None:
+        raise TemplateTooSlowError(
+            f"{where}: the chat template rendered one conversation for over {RENDER_SECONDS:g}s "
+            "(a loop too large?): fix the template"
+        )
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, RENDER_SECONDS)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
 GENERATION_TAG = re.compile(r"\{%-?\s*generation\s*-?%\}")
 Span = tuple[int, int]
 
@@ -101,13 +144,14 @@ class ChatRenderer:
         self, messages: list[Message], *, add_generation_prompt: bool = False, where: str = ""
     ) -> str:
         try:
-            return self.tokenizer.apply_chat_template(
-                messages,
-                chat_template=self.template,
-                tokenize=False,
-                add_generation_prompt=add_generation_prompt,
-                **self.template_kwargs,
-            )
+            with bounded_rendering(where or "chat template"):
+                return self.tokenizer.apply_chat_template(
+                    messages,
+                    chat_template=self.template,
+                    tokenize=False,
+                    add_generation_prompt=add_generation_prompt,
+                    **self.template_kwargs,
+                )
         except (jinja2.TemplateError, TypeError, KeyError, AttributeError) as exc:
             raise DataError(
                 f"{where}: chat template failed: {exc}", reason="template_error"
@@ -140,15 +184,16 @@ class ChatRenderer:
         from transformers.utils.chat_template_utils import render_jinja_template
 
         try:
-            rendered, indices = cast(
-                tuple[list[str], list[list[Span]]],
-                render_jinja_template(
-                    conversations=[messages],
-                    chat_template=self.template,
-                    return_assistant_tokens_mask=True,
-                    **{**self.tokenizer.special_tokens_map, **self.template_kwargs},
-                ),
-            )
+            with bounded_rendering(where):
+                rendered, indices = cast(
+                    tuple[list[str], list[list[Span]]],
+                    render_jinja_template(
+                        conversations=[messages],
+                        chat_template=self.template,
+                        return_assistant_tokens_mask=True,
+                        **{**self.tokenizer.special_tokens_map, **self.template_kwargs},
+                    ),
+                )
         except (jinja2.TemplateError, TypeError, KeyError, AttributeError) as exc:
             raise DataError(
                 f"{where}: chat template failed: {exc}", reason="template_error"

@@ -7,7 +7,7 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
-from eagle_train.config import StrictModel
+from eagle_train.config import Seed, StrictModel
 
 
 class RegenerateConfig(StrictModel):
@@ -30,7 +30,7 @@ class RegenerateConfig(StrictModel):
     """Sampling temperature of the answers (0: greedy)."""
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
     """Nucleus sampling's probability mass, when sampling (1: off)."""
-    seed: int = 0
+    seed: Seed = 0
     """Sampling seed of the answers (each request's derived from it)."""
     batch_size: int = Field(default=256, gt=0)
     """Conversations handed to the engine together (their turn-i prompts form one stream it
@@ -101,7 +101,7 @@ class SynthesizeConfig(StrictModel):
     index)."""
     top_p: float = Field(default=0.95, gt=0.0, le=1.0)
     """Nucleus sampling's probability mass of the user turns."""
-    seed: int = 0
+    seed: Seed = 0
     """Sampling seed (request r uses seed + r)."""
     max_new_tokens: int = Field(default=96, gt=0)
     """Tokens per sampled user turn at most; a turn cut there is rejected (tokens)."""
@@ -146,8 +146,9 @@ class PrepareDataConfig(StrictModel):
     chat_template_kwargs: dict[str, Any] = {}
     """Extra template variables for every rendering, as at serving time (e.g. enable_thinking).
     """
-    max_length: int = Field(default=2048, gt=0)
-    """Tokens per prepared row at most: longer conversations are cut there (tokens)."""
+    max_length: int = Field(default=2048, gt=0, le=1 << 20)
+    """Tokens per prepared row at most: longer conversations are cut there (tokens); at most
+    2**20, so the byte limit of a record (64 bytes per token) stays bounded."""
     on_bad_record: Literal["error", "skip"] = "error"
     """A malformed record: 'error' stops with its file and line; 'skip' counts it and goes on.
     """

@@ -159,7 +159,12 @@ def _read_template(path: Path | None) -> str | None:
         return None
     if not path.is_file():
         raise DataError(f"{path}: chat template file not found", reason="config")
-    return path.read_text()
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise DataError(
+            f"{path}: not a chat template (byte {exc.start} is not UTF-8 text)", reason="config"
+        ) from None
 
 
 def _write_examples(

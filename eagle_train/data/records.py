@@ -55,6 +55,7 @@ def parse_record(obj: Any, source: str, line: int) -> Record:
             reason="bad_format",
         )
     messages = parse_turns(obj[key], key, where)
+    _check_text(messages, where)
     if not messages:
         raise DataError(f"{where}: empty conversation", reason="empty_conversation")
     system = obj.get("system")
@@ -63,6 +64,28 @@ def parse_record(obj: Any, source: str, line: int) -> Record:
     raw_id = obj.get("id")
     record_id = where if raw_id is None or raw_id == "" else str(raw_id)
     return Record(id=record_id, messages=messages, source=source, line=line)
+
+
+def _check_text(messages: list[Message], where: str) -> None:
+    """Every string of every message is text: a lone surrogate (JSON ``"\\ud800"``) is not,
+    and would fail deep in the tokenizer."""
+    for n, message in enumerate(messages, 1):
+        todo: list[Any] = [message]
+        while todo:
+            value = todo.pop()
+            if isinstance(value, dict):
+                todo.extend(value.values())
+            elif isinstance(value, list):
+                todo.extend(value)
+            elif isinstance(value, str):
+                try:
+                    value.encode("utf-8")
+                except UnicodeEncodeError as exc:
+                    raise DataError(
+                        f"{where}: message {n} holds {value[exc.start]!r} at character "
+                        f"{exc.start}, a lone surrogate, not text",
+                        reason="bad_encoding",
+                    ) from None
 
 
 def record_byte_limit(max_length: int) -> int:
@@ -87,16 +110,68 @@ def iter_raw(path: Path, max_bytes: int | None = None) -> Iterator[tuple[int, An
     """Yield ``(line, object)`` for every record of one input; a malformed line (or a JSON
     Lines record over ``max_bytes``) yields a DataError."""
     if path.is_dir():
-        yield from _iter_saved_dataset(path)
+        yield from bounded_rows(_readable(_iter_saved_dataset(path), path), str(path), max_bytes)
     elif path.suffix in JSONL_SUFFIXES or (path.suffix == ".json" and _starts_with_object(path)):
         yield from _iter_jsonl(path, max_bytes)
     elif path.suffix in DATASETS_FORMATS:
-        yield from _iter_datasets_file(path, DATASETS_FORMATS[path.suffix])
+        rows = _iter_datasets_file(path, DATASETS_FORMATS[path.suffix])
+        yield from bounded_rows(_readable(rows, path), str(path), max_bytes)
     else:
         raise DataError(
             f"{path}: unsupported input (expected .jsonl, .json, .parquet, .arrow or a saved dataset directory)",
             reason="unsupported_input",
         )
+
+
+def _readable(rows: Iterator[tuple[int, Any]], path: Path) -> Iterator[tuple[int, Any]]:
+    """``rows``, with a file ``datasets``/pyarrow cannot read (random bytes named .parquet,
+    a cut .arrow) as one DataError naming it, not the library's traceback."""
+    try:
+        yield from rows
+    except DataError:
+        raise
+    except Exception as exc:  # pyarrow and datasets raise many types for a damaged file
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise DataError(
+            f"{path}: not a readable {path.suffix or 'saved dataset'} input ({first[:200]})",
+            reason="unsupported_input",
+        ) from None
+
+
+def bounded_rows(
+    rows: Iterable[tuple[int, Any]], source: str, max_bytes: int | None
+) -> Iterator[tuple[int, Any]]:
+    """The byte limit of a JSON Lines record (``record_byte_limit``) for rows of every other
+    format (parquet, arrow, a JSON array, a saved or hub dataset): a row whose text is
+    longer becomes a DataError naming its row, before anything tokenizes it."""
+    for line, obj in rows:
+        size = text_bytes(obj, max_bytes) if max_bytes else 0
+        if max_bytes and size > max_bytes:
+            obj = DataError(
+                f"{source}:{line}: record of over {max_bytes} bytes of text, over what a record "
+                "of max_length tokens can need (64 per token): split or drop it",
+                reason="oversize_record",
+            )
+        yield line, obj
+
+
+def text_bytes(obj: Any, limit: int) -> int:
+    """About the JSON size of ``obj`` (its strings' lengths and a few bytes per value),
+    counted until it passes ``limit``."""
+    total, todo = 0, [obj]
+    while todo and total <= limit:
+        value = todo.pop()
+        if isinstance(value, str):
+            total += len(value) + 2
+        elif isinstance(value, dict):
+            todo.extend(value.keys())
+            todo.extend(value.values())
+        elif isinstance(value, (list, tuple)):
+            todo.extend(value)
+            total += 2
+        else:
+            total += 8
+    return total
 
 
 def _starts_with_object(path: Path) -> bool:
@@ -248,7 +323,8 @@ class RecordReader:
         seen: dict[str, str] = {}
         for path in self.paths:
             if isinstance(path, HubDataset):
-                source, rows = path.label, iter_hub(path)
+                source = path.label
+                rows = bounded_rows(iter_hub(path), source, self.max_record_bytes)
             else:
                 if not path.exists():
                     raise DataError(f"{path}: input not found", reason="missing_input")

@@ -28,15 +28,15 @@ from eagle_train.data.config import PrepareDataConfig
 from eagle_train.data.errors import DataError
 from eagle_train.fsutil import (
     UnsafePathError,
-    atomic_directory,
     check_no_overlap,
     check_output_path,
-    check_replaceable,
+    confined,
     hold_lock,
     remove_empty_dirs,
     remove_stale_temporaries,
     topmost_missing,
 )
+from eagle_train.ownership import check_owned, owned_directory
 
 FORMAT = "eagle-train-prepared"
 FORMAT_VERSION = 1
@@ -49,6 +49,7 @@ FEATURES = datasets.Features(
     }
 )
 _SCRATCH = ".scratch"
+COMMAND, WHAT = "prepare-data", "a prepared dataset"
 
 
 class PreparedDataError(DataError):
@@ -92,23 +93,26 @@ def check_outputs(cfg: PrepareDataConfig) -> None:
 
 
 def check_output_dir(path: Path, overwrite: bool) -> None:
-    """An existing ``path`` is replaced only with ``overwrite``, and only when it is an
-    earlier prepared dataset or empty: never a directory of the user's own."""
+    """An existing ``path`` is replaced only with ``overwrite``, and only when it is empty or
+    holds nothing but the files an earlier prepare-data recorded writing (``ownership``):
+    never a directory of the user's own, a note or a feature cache put inside a dataset."""
     try:
-        check_replaceable(
-            path, "output_dir", overwrite, is_prepared, "a prepared dataset", "set overwrite=true"
+        check_owned(
+            path, "output_dir", overwrite, COMMAND, WHAT, "set overwrite=true", legacy_files
         )
     except UnsafePathError as exc:
         raise DataError(str(exc), reason="config") from None
 
 
-def is_prepared(path: Path) -> bool:
-    """True for a directory ``prepare-data`` wrote (its ``meta.json`` names the format)."""
+def legacy_files(path: Path) -> set[str] | None:
+    """What a dataset prepared before the ownership record holds of its own: the files its
+    ``meta.json`` lists, and ``meta.json`` (None: not a prepared dataset)."""
     try:
-        read_meta(path)
+        meta = read_meta(path)
     except PreparedDataError:
-        return False
-    return True
+        return None
+    files = meta.get("files")
+    return {*files, META_FILE} if isinstance(files, dict) else None
 
 
 @contextmanager
@@ -133,7 +137,7 @@ def atomic_output_dir(final: Path, overwrite: bool) -> Iterator[Path]:
     """Yield a temporary directory that becomes ``final`` only if the block completes."""
     with output_lock(final):
         check_output_dir(final, overwrite)
-        with atomic_directory(final) as tmp:
+        with owned_directory(final, COMMAND, WHAT, legacy_files) as tmp:
             yield tmp
             shutil.rmtree(tmp / _SCRATCH, ignore_errors=True)
 
@@ -171,6 +175,35 @@ def write_meta(out_dir: Path, meta: dict[str, Any]) -> None:
     (out_dir / META_FILE).write_text(json.dumps(meta, indent=2, sort_keys=False) + "\n")
 
 
+def _confined(root: str | Path, name: object, source: Path) -> Path:
+    """``root / name`` for a name read from ``source``, refused unless it stays inside
+    ``root`` (the rule for checkpoints and caches: no ``..``, no absolute path, no symlink
+    leading out), so a crafted meta.json cannot make a command read or describe a file
+    elsewhere."""
+    try:
+        return confined(Path(root), name, source)
+    except UnsafePathError as exc:
+        raise PreparedDataError(str(exc)) from None
+
+
+def _check_data_files(path: Path) -> None:
+    """The Arrow files ``datasets`` would read (``state.json``'s ``_data_files``) lie inside
+    ``path``: one naming an absolute path would train on a file outside the dataset."""
+    state = path / "state.json"
+    try:
+        info = json.loads(state.read_text())
+    except FileNotFoundError:
+        return  # datasets names what is missing
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise PreparedDataError(f"{state}: unreadable ({exc})") from None
+    entries = info.get("_data_files") if isinstance(info, dict) else None
+    if not isinstance(entries, list):
+        raise PreparedDataError(f"{state}: expected '_data_files', a list of Arrow files")
+    for entry in entries:
+        name = entry.get("filename") if isinstance(entry, dict) else None
+        _confined(path, name, state)
+
+
 def read_meta(path: str | Path) -> dict[str, Any]:
     """``meta.json`` of a prepared directory, checked for format and version."""
     meta_path = Path(path) / META_FILE
@@ -196,12 +229,16 @@ def read_meta(path: str | Path) -> dict[str, Any]:
 def load_prepared(path: str | Path) -> datasets.Dataset:
     """Load a prepared dataset after checking its metadata, columns, size and vocab file."""
     meta = read_meta(path)
-    for name, size in meta.get("files", {}).items():
-        file = Path(path) / name
+    files = meta.get("files", {})
+    if not isinstance(files, dict):
+        raise PreparedDataError(f"{Path(path) / META_FILE}: 'files' must map file names to sizes")
+    for name, size in files.items():
+        file = _confined(path, name, Path(path) / META_FILE)
         found = file.stat().st_size if file.is_file() else None
         if found != size:
             why = "missing" if found is None else f"{found} bytes, meta.json records {size}"
             raise PreparedDataError(f"{file}: {why} (truncated or damaged; prepare it again)")
+    _check_data_files(Path(path))
     try:
         dataset = datasets.load_from_disk(str(path))
     except Exception as exc:  # pyarrow and datasets raise many types for a damaged file
@@ -219,7 +256,10 @@ def load_prepared(path: str | Path) -> datasets.Dataset:
     if expected != dataset.num_rows:
         raise PreparedDataError(f"{path}: {dataset.num_rows} rows but meta.json says {expected}")
     for key in ("token_counts", "vocab"):  # "vocab": a dataset prepared before the counts
-        if meta.get(key) and not (Path(path) / meta[key]["file"]).is_file():
+        entry = meta.get(key)
+        if entry and not isinstance(entry, dict):
+            raise PreparedDataError(f"{Path(path) / META_FILE}: {key!r} must be an object")
+        if entry and not _confined(path, entry.get("file"), Path(path) / META_FILE).is_file():
             raise PreparedDataError(
                 f"{path}: meta.json names {meta[key]['file']}, which is missing"
             )

@@ -23,7 +23,7 @@ import torch
 import transformers
 from pydantic import Field
 
-from eagle_train.config import StrictModel
+from eagle_train.config import Seed, StrictModel
 from eagle_train.demo.corpus import build_corpus, split_corpus
 from eagle_train.demo.targets import (
     Family,
@@ -35,24 +35,33 @@ from eagle_train.demo.targets import (
     save_target,
 )
 from eagle_train.demo.tokenizer import train_tokenizer
-from eagle_train.fsutil import atomic_directory, check_output_path, check_replaceable
+from eagle_train.fsutil import (
+    check_output_path,
+    hold_lock,
+    remove_empty_dirs,
+    remove_stale_temporaries,
+    topmost_missing,
+)
+from eagle_train.ownership import check_owned, owned_directory
 
 log = logging.getLogger(__name__)
 
+COMMAND, WHAT = "build-demo-world", "a demo world"
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
 class DemoConfig(StrictModel):
-    seed: int = 0
+    seed: Seed = 0
     """Seed of the corpus and of each target's initialisation and pretraining: the same seed
     builds the same world."""
-    vocab_size: int = 2048
-    """The demo tokenizer's vocabulary size (tokens)."""
-    num_tasks: int = 3000
+    vocab_size: int = Field(2048, ge=300, le=1 << 20)
+    """The demo tokenizer's vocabulary size (tokens; byte-level BPE: its 256 byte tokens and
+    the special ones come first, so at least 300)."""
+    num_tasks: int = Field(3000, ge=1)
     """Synthetic task chats (reverse words, sort numbers, upper-case, add) in the corpus."""
-    max_stdlib_pairs: int = 3000
+    max_stdlib_pairs: int = Field(3000, ge=0)
     """Chats made from Python standard-library functions (docstring -> code) at most."""
-    max_stdlib_files: int | None = None
+    max_stdlib_files: int | None = Field(None, ge=1)
     """Standard-library files read for them at most (None: all)."""
     val_fraction: float = Field(0.05, gt=0, lt=1)
     """Share of the chats held out as data/val.jsonl."""
@@ -71,9 +80,18 @@ def target_dir(world: str | Path, family: Family, dtype: str = "bf16") -> Path:
 def build_demo_world(cfg: DemoConfig, out_dir: str | Path, overwrite: bool = False) -> dict:
     """Build the world into ``out_dir`` (via a temporary sibling, renamed at the end)."""
     out = check_output_path(out_dir, "OUT")
-    check_replaceable(out, "OUT", overwrite, lambda p: (p / "world.json").is_file(), "a demo world")
-    with atomic_directory(out) as tmp:
-        return _build_into(cfg, tmp)
+    check_owned(out, "OUT", overwrite, COMMAND, WHAT)
+    made = topmost_missing(out.parent)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        with hold_lock(out.parent / f".{out.name}.lock", f"OUT {out}"):
+            remove_stale_temporaries(out)  # left by a build that was killed
+            check_owned(out, "OUT", overwrite, COMMAND, WHAT)
+            with owned_directory(out, COMMAND, WHAT) as tmp:
+                return _build_into(cfg, tmp)
+    finally:  # a failed build leaves no parent directory it made
+        if not out.exists():
+            remove_empty_dirs(out.parent, made)
 
 
 def _build_into(cfg: DemoConfig, root: Path) -> dict:

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Literal
 
 import torch
+from pydantic import Field, model_validator
 from transformers import (
     GenerationConfig,
     LlamaConfig,
@@ -32,31 +33,45 @@ Family = Literal["llama", "qwen3"]
 
 
 class TargetShape(StrictModel):
-    hidden_size: int = 128
+    hidden_size: int = Field(default=128, ge=2, le=1 << 14)
     """The demo targets' hidden size."""
-    intermediate_size: int = 384
+    intermediate_size: int = Field(default=384, ge=1, le=1 << 16)
     """The MLP's inner size."""
-    num_hidden_layers: int = 4
+    num_hidden_layers: int = Field(default=4, ge=1, le=256)
     """Decoder layers (4: vLLM's default EAGLE-3 aux layers collide below 7, so the demo
     configs set draft.aux_layer_ids)."""
-    num_attention_heads: int = 4
+    num_attention_heads: int = Field(default=4, ge=1)
     """Query heads per layer."""
-    num_key_value_heads: int = 2
+    num_key_value_heads: int = Field(default=2, ge=1)
     """Key/value heads per layer (grouped-query attention)."""
-    max_position_embeddings: int = 2048
+    max_position_embeddings: int = Field(default=2048, ge=8, le=1 << 20)
     """The longest context the targets are configured for (tokens)."""
+
+    @model_validator(mode="after")
+    def _heads_divide(self) -> TargetShape:
+        if self.hidden_size % self.num_attention_heads:
+            raise ValueError(
+                f"num_attention_heads {self.num_attention_heads} does not divide hidden_size "
+                f"{self.hidden_size}"
+            )
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ValueError(
+                f"num_key_value_heads {self.num_key_value_heads} does not divide "
+                f"num_attention_heads {self.num_attention_heads}"
+            )
+        return self
 
 
 class PretrainConfig(StrictModel):
-    steps: int = 400
+    steps: int = Field(default=400, ge=1)
     """Pretraining steps of each demo target on the demo corpus."""
-    batch_size: int = 16
+    batch_size: int = Field(default=16, ge=1)
     """Sequences per pretraining step."""
-    seq_len: int = 256
+    seq_len: int = Field(default=256, ge=2)
     """Tokens per pretraining sequence (the corpus is packed into them)."""
-    lr: float = 3e-3
+    lr: float = Field(default=3e-3, gt=0)
     """Pretraining's peak learning rate (AdamW)."""
-    warmup_steps: int = 20
+    warmup_steps: int = Field(default=20, ge=0)
     """Pretraining's linear warm-up steps."""
 
 

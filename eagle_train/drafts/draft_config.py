@@ -6,6 +6,12 @@ from pathlib import Path
 
 from eagle_train.config import StrictModel
 
+# The most tokens a draft may be trained to propose per step (ttt_steps, parallel_steps,
+# block_size - 1, num_speculative_tokens) and the most layers it may have: activation memory
+# grows with each (ttt_steps=100000 grew without end), and acceptance beyond a few tens of
+# tokens is nil, so a larger value is refused when the config is read, before any training.
+MAX_DRAFT_DEPTH = 64
+
 
 class DraftConfigBase(StrictModel):
     init_from: Path | None = None

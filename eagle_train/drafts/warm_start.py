@@ -107,14 +107,28 @@ def _read_tensors(path: Path) -> dict[str, Tensor]:
     if files:
         tensors: dict[str, Tensor] = {}
         for file in files:
-            tensors.update(load_file(str(file)))
+            try:
+                tensors.update(load_file(str(file)))
+            except Exception as exc:  # safetensors' error for a cut file or a bad header
+                raise _fail(path, f"{file.name}: not a readable safetensors file ({exc})") from None
         return tensors
     bins = sorted(path.glob("pytorch_model*.bin"))
     if not bins:
         raise _fail(path, "no *.safetensors or pytorch_model.bin with the drafter's tensors")
     tensors = {}
     for file in bins:
-        tensors.update(torch.load(file, map_location="cpu", weights_only=True))
+        try:  # weights_only: a pickle that would run code is refused, never executed
+            loaded = torch.load(file, map_location="cpu", weights_only=True)
+        except Exception as exc:
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise _fail(
+                path, f"{file.name}: not a plain tensor file (refused unpickling: {first[:200]})"
+            ) from None
+        if not isinstance(loaded, dict) or not all(
+            isinstance(k, str) and isinstance(v, Tensor) for k, v in loaded.items()
+        ):
+            raise _fail(path, f"{file.name}: expected a mapping of tensor names to tensors")
+        tensors.update(loaded)
     return tensors
 
 

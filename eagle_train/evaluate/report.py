@@ -19,10 +19,21 @@ from eagle_train.evaluate.steps import (
     request_tokens_per_step,
 )
 from eagle_train.fsutil import (
-    atomic_directory,
     check_no_overlap,
     check_output_path,
-    check_replaceable,
+    hold_lock,
+    remove_stale_temporaries,
+)
+from eagle_train.ownership import check_owned, owned_directory
+
+COMMAND, WHAT = "eval-acceptance", "an evaluation"
+# What a report holds (the ones from before the ownership record are recognised by them).
+REPORT_FILES = (
+    "per_prompt.jsonl",
+    "per_prompt_greedy.jsonl",
+    "summary.json",
+    "summary.md",
+    "acceptance.png",
 )
 
 
@@ -320,10 +331,10 @@ def check_report_dir(
     out_dir: Path, overwrite: bool, inputs: list[tuple[str, Path]] | None = None
 ) -> Path:
     """Before any engine starts: ``out_dir`` resolved, refused when it overlaps an input or
-    holds anything but an earlier evaluation (which it replaces only with ``overwrite``)."""
+    holds anything but an earlier evaluation's own files (replaced only with ``overwrite``)."""
     out = check_output_path(out_dir, "--out")
     check_no_overlap(out, "--out", inputs or [])
-    check_replaceable(out, "--out", overwrite, is_report_dir, "an evaluation")
+    check_owned(out, "--out", overwrite, COMMAND, WHAT, legacy=legacy_report_files)
     return out
 
 
@@ -340,6 +351,12 @@ def is_report_dir(path: Path) -> bool:
     )
 
 
+def legacy_report_files(path: Path) -> set[str] | None:
+    """The files a report from before the ownership record holds of its own (None: not a
+    report)."""
+    return set(REPORT_FILES) if is_report_dir(path) else None
+
+
 def read_requests(eval_dir: Path) -> dict[tuple[str, int], dict[str, dict]]:
     """An evaluation's ``per_prompt.jsonl`` by request: (prompt id, turn) -> model -> record
     (model: "target", "ngram" or a drafter's path as served)."""
@@ -352,18 +369,26 @@ def read_requests(eval_dir: Path) -> dict[tuple[str, int], dict[str, dict]]:
 
 def write_report(run: EvalRun, out_dir: Path, overwrite: bool = False) -> dict[str, Any]:
     """Records, summary (JSON, Markdown) and plot, written together or not at all."""
-    check_replaceable(out_dir, "--out", overwrite, is_report_dir, "an evaluation")
+    check_owned(out_dir, "--out", overwrite, COMMAND, WHAT, legacy=legacy_report_files)
     summary = summarize(run)
-    with atomic_directory(out_dir) as tmp:
-        for name, part in (("per_prompt", run), ("per_prompt_greedy", run.greedy)):
-            if part is not None:  # the greedy pass of a sampled run in a file of its own
-                with open(tmp / f"{name}.jsonl", "w") as f:
-                    for r in part.records:
-                        f.write(json.dumps(r) + "\n")
-        (tmp / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-        (tmp / "summary.md").write_text(to_markdown(summary))
-        plot(summary, tmp / "acceptance.png")
+    out_dir = Path(out_dir)
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    with hold_lock(out_dir.parent / f".{out_dir.name}.lock", f"--out {out_dir}"):
+        remove_stale_temporaries(out_dir)  # left by an evaluation that was killed
+        with owned_directory(out_dir, COMMAND, WHAT, legacy_report_files) as tmp:
+            _write_files(run, summary, tmp)
     return summary
+
+
+def _write_files(run: EvalRun, summary: dict[str, Any], tmp: Path) -> None:
+    for name, part in (("per_prompt", run), ("per_prompt_greedy", run.greedy)):
+        if part is not None:  # the greedy pass of a sampled run in a file of its own
+            with open(tmp / f"{name}.jsonl", "w") as f:
+                for r in part.records:
+                    f.write(json.dumps(r) + "\n")
+    (tmp / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    (tmp / "summary.md").write_text(to_markdown(summary))
+    plot(summary, tmp / "acceptance.png")
 
 
 def plot(summary: dict[str, Any], path: Path) -> None:

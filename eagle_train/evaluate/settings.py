@@ -29,7 +29,7 @@ class Sampling(StrictModel):
     """Nucleus sampling's probability mass, when sampling (1: off)."""
     top_k: int | None = Field(default=None, ge=1)
     """Sample among the k most likely tokens, when sampling (None: off)."""
-    seed: int = Field(default=0, ge=0)
+    seed: int = Field(default=0, ge=0, le=2**32 - 1)
     """The run's sampling seed, each request's derived from it with its prompt id and turn;
     refused at temperature 0 like top_p and top_k."""
 
@@ -97,6 +97,19 @@ class EvalSettings(AcceptanceSettings):
     beside_greedy: bool = True
     """Sampled runs (temperature > 0): every engine also serves the same requests greedily (a
     second pass, about twice the serving), and the report puts the two side by side."""
+
+    @model_validator(mode="after")
+    def _each_drafter_once(self) -> EvalSettings:
+        """A drafter named twice (also through a symlink) would be measured twice and pooled
+        into one entry: refused, naming it."""
+        seen: dict[str, Path] = {}
+        for drafter in self.drafters:
+            key = str(drafter) if str(drafter) == "ngram" else str(drafter.expanduser().resolve())
+            if key in seen:
+                same = "" if seen[key] == drafter else f" (as {seen[key]} and {drafter})"
+                raise ValueError(f"drafter {drafter} is named twice{same}: name each drafter once")
+            seen[key] = drafter
+        return self
 
     @model_validator(mode="after")
     def _beside_greedy_when_sampling(self) -> EvalSettings:

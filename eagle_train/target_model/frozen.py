@@ -25,7 +25,7 @@ from transformers import (
 
 from eagle_train.config import ConfigError
 from eagle_train.target_model.description import TargetDescription, describe_target
-from eagle_train.target_model.location import from_pretrained
+from eagle_train.target_model.location import check_weights, from_pretrained
 
 
 @dataclass
@@ -78,6 +78,7 @@ class FrozenTarget(nn.Module):
         # A multimodal checkpoint (text model nested under text_config) loads whole; the
         # draft reads only its text decoder.
         config = from_pretrained(AutoConfig, path, key)
+        check_weights(path, key)
         auto: Any = AutoModelForCausalLM
         if type(config) not in AutoModelForCausalLM._model_mapping:
             auto = AutoModelForImageTextToText

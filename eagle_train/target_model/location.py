@@ -40,11 +40,41 @@ def from_pretrained(
     """``loader.from_pretrained(path, **kwargs)`` after ``check_model_path``; a hub id that
     cannot be loaded (offline, unknown, gated) is one line naming ``key``."""
     check_model_path(path, key, need_config)
+    local = Path(str(path)).expanduser()
     try:
         return loader.from_pretrained(str(path), **kwargs)
+    except (ValueError, TypeError, KeyError) as exc:
+        if not local.is_dir():
+            raise
+        # a local folder a loader cannot read (no tokenizer files, a config of another kind)
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ConfigError(
+            f"{key} {str(path)!r}: {loader.__name__} cannot load this directory: {first[:300]}"
+        ) from None
     except OSError as exc:
+        if local.is_dir():
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise ConfigError(
+                f"{key} {str(path)!r}: {loader.__name__} cannot load this directory: {first[:300]}"
+            ) from None
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ConfigError(
             f"{key} {str(path)!r}: not a local directory, and loading it from the Hugging Face "
             f"hub failed: {first}"
         ) from None
+
+
+def check_weights(path: str | Path, key: str) -> None:
+    """A local model directory whose weights are safetensors: one holding only pickled
+    ``*.bin`` files is refused (never unpickled), in one line naming it."""
+    local = Path(str(path)).expanduser()
+    if not local.is_dir() or any(local.glob("*.safetensors")):
+        return
+    bins = sorted(p.name for p in local.glob("*.bin"))
+    if bins:
+        raise ConfigError(
+            f"{key} {str(path)!r}: holds only {', '.join(bins[:3])} (pickled weights, which "
+            "this tool does not unpickle): save the model with safetensors "
+            "(save_pretrained(..., safe_serialization=True))"
+        )
+    raise ConfigError(f"{key} {str(path)!r}: no *.safetensors weights in this directory")

@@ -19,6 +19,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel
 
 from eagle_train.target_model.description import TargetError
 from eagle_train.target_model.frozen import FrozenTarget
+from eagle_train.target_model.location import check_weights
 
 INDEX = "model.safetensors.index.json"
 SINGLE = "model.safetensors"
@@ -90,6 +91,7 @@ def load_head(
 def load_target_head(path: str | Path, dtype: torch.dtype, device: torch.device) -> FrozenTarget:
     """A FrozenTarget whose embeddings and head are loaded and whose decoder stays on the
     meta device: what a draft is built from when its features come from a cache."""
+    check_weights(path, "target.path")
     model = empty_model(path, dtype)
     load_head(model, path, device)
     return FrozenTarget(model)

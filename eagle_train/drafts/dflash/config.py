@@ -7,7 +7,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from eagle_train.drafts.draft_config import DraftConfigBase
+from eagle_train.drafts.draft_config import MAX_DRAFT_DEPTH, DraftConfigBase
 
 log = logging.getLogger(__name__)
 
@@ -16,10 +16,10 @@ class DFlashConfig(DraftConfigBase):
     algorithm: Literal["dflash"] = "dflash"
     """The draft algorithm: eagle1, eagle3, peagle or dflash (docs/algorithms/); it picks which
     draft.* settings exist."""
-    block_size: int = Field(default=16, ge=2)
+    block_size: int = Field(default=16, ge=2, le=MAX_DRAFT_DEPTH + 1)
     """Tokens per block, B: [anchor, MASK x (B-1)]; vLLM serves it with num_speculative_tokens
     = B-1."""
-    num_layers: int = Field(default=5, ge=1)
+    num_layers: int = Field(default=5, ge=1, le=MAX_DRAFT_DEPTH)
     """Draft decoder layers (Qwen3-style). 5 for large targets, 1-2 for tiny ones."""
     num_target_features: int = Field(default=5, ge=1)
     """How many target layers feed the context (n). Ignored when target_layer_ids is set."""

@@ -6,14 +6,14 @@ from typing import Literal
 
 from pydantic import Field
 
-from eagle_train.drafts.draft_config import DraftConfigBase
+from eagle_train.drafts.draft_config import MAX_DRAFT_DEPTH, DraftConfigBase
 
 
 class Eagle1Config(DraftConfigBase):
     algorithm: Literal["eagle1"] = "eagle1"
     """The draft algorithm: eagle1, eagle3, peagle or dflash (docs/algorithms/); it picks which
     draft.* settings exist."""
-    num_layers: int = Field(default=1, ge=1)
+    num_layers: int = Field(default=1, ge=1, le=MAX_DRAFT_DEPTH)
     """Llama decoder layers after fc (layer 0 has no input_layernorm, as vLLM builds it)."""
     feature_weight: float = Field(default=1.0, ge=0)
     """Weight of the feature regression: loss = feature_weight x SmoothL1(f_hat, f) +
@@ -24,7 +24,7 @@ class Eagle1Config(DraftConfigBase):
     """Half-width of uniform noise added to the input feature f_t while training (0 = off). On
     by default (the paper's 0.1): in serving the draft chains on its own, imperfect features,
     and the noise teaches it to tolerate them."""
-    num_speculative_tokens: int = Field(default=3, ge=1)
+    num_speculative_tokens: int = Field(default=3, ge=1, le=MAX_DRAFT_DEPTH)
     """Tokens drafted per step when served (vLLM num_speculative_tokens); recorded in the
     export."""
     attention: Literal["auto", "chunked", "fused", "flex"] = "auto"

@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from eagle_train.drafts.draft_config import DraftConfigBase, FusionNorms
+from eagle_train.drafts.draft_config import MAX_DRAFT_DEPTH, DraftConfigBase, FusionNorms
 
 
 class Eagle3Config(DraftConfigBase, FusionNorms):
@@ -16,12 +16,12 @@ class Eagle3Config(DraftConfigBase, FusionNorms):
     aux_layer_ids: list[int] | None = None
     """Target layers whose hidden states are fused, in the "after k layers" convention (vLLM's).
     None -> (2, L//2, L-3), which collides on targets with fewer than 7 layers."""
-    ttt_steps: int = Field(default=7, ge=1)
+    ttt_steps: int = Field(default=7, ge=1, le=MAX_DRAFT_DEPTH)
     """Training-time test: K draft steps per position, each fed the previous step's own output,
     step k weighted step_decay^k (normalised). Served K is recorded in the export."""
     step_decay: float = Field(default=0.8, gt=0, le=1)
     """The weight of TTT step k in the loss is step_decay^k (normalised over the steps)."""
-    num_layers: int = Field(default=1, ge=1)
+    num_layers: int = Field(default=1, ge=1, le=MAX_DRAFT_DEPTH)
     """Decoder layers: the first reads cat(embedding, hidden) (2H wide), the others are ordinary
     pre-norm decoder layers over H (vLLM's llama_eagle3.py); every TTT step runs all of them.
     Exported as num_hidden_layers."""
@@ -55,7 +55,7 @@ class Eagle3Config(DraftConfigBase, FusionNorms):
     copy_steps: int = Field(default=1, ge=1)
     """The first this many TTT steps carry copy supervision (at most ttt_steps); measured:
     docs/results/2026-12-04-copy-steps.md."""
-    copy_heads: int = Field(default=1, ge=1)
+    copy_heads: int = Field(default=1, ge=1, le=MAX_DRAFT_DEPTH)
     """Copy heads: the last query head of each of the last copy_heads key/value groups (at most
     the draft's key/value heads); measured: docs/results/2026-12-04-copy-heads.md."""
     train_embedding: bool = False

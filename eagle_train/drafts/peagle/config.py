@@ -7,7 +7,7 @@ from typing import Any, Literal
 from pydantic import Field, model_validator
 
 from eagle_train.config import SettingError, refuse_moved_key
-from eagle_train.drafts.draft_config import DraftConfigBase, FusionNorms
+from eagle_train.drafts.draft_config import MAX_DRAFT_DEPTH, DraftConfigBase, FusionNorms
 
 # vLLM reads norm_output only to pick the hidden it hands the next draft step
 # (model_executor/models/llama_eagle3.py:286); with parallel_drafting the proposer returns
@@ -26,11 +26,11 @@ class PEagleConfig(DraftConfigBase, FusionNorms):
     aux_layer_ids: list[int] | None = None
     """Target layers whose hidden states fc fuses, in the "after k layers" convention (vLLM's).
     None: (2, L//2, L-3)."""
-    num_layers: int = Field(default=4, ge=1)
+    num_layers: int = Field(default=4, ge=1, le=MAX_DRAFT_DEPTH)
     """EAGLE-3's fused first layer plus (num_layers - 1) ordinary decoder layers. EAGLE-3.1's
     norm_before_fc and fc_norm (FusionNorms) apply to the aux features and mask_hidden alike
     (vLLM passes both through combine_hidden_states)."""
-    parallel_steps: int = Field(default=4, ge=1)
+    parallel_steps: int = Field(default=4, ge=1, le=MAX_DRAFT_DEPTH)
     """K: depths predicted in one forward (vLLM num_speculative_tokens)."""
     keep_ratio: float = Field(default=0.8, gt=0, le=1)
     """Conditional drop: depth d keeps int((N - d) * max(keep_ratio**d, min_keep_ratio))
