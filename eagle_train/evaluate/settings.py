@@ -47,8 +47,10 @@ class AcceptanceSettings(Sampling):
     turns: Literal[1, 2] = 2  # 1: first turn only; 2: both turns
     max_new_tokens: int = Field(default=256, ge=1)
     num_speculative_tokens: int | None = Field(default=None, ge=1)  # None: the export's own
-    max_model_len: int | None = Field(default=None, ge=16)  # None: the target's own limit
-    # None: vLLM sizes the cache on GPU; on CPU the engine's default (eagle_train.engine).
+    # None: the longest request of the prompt set (evaluate/engine_choice.py), within the
+    # target's own limit.
+    max_model_len: int | None = Field(default=None, ge=16)
+    # None: vLLM sizes the cache on GPU; on CPU one max_model_len request (engine_choice.py).
     kv_cache_memory_bytes: int | None = Field(default=None, gt=0)
     ignore_eos: bool = False
 
@@ -74,6 +76,9 @@ class EvalSettings(AcceptanceSettings):
     # Sampled runs (temperature > 0): every engine also serves the same requests greedily
     # (a second pass, about twice the serving), and the report puts the two side by side.
     beside_greedy: bool = True
+    # Measure a drafter whose recorded target (the verifier it names, the architecture and
+    # sizes its provenance records) differs from --target; false: refused before any engine.
+    allow_other_target: bool = False
 
     @model_validator(mode="after")
     def _beside_greedy_when_sampling(self) -> EvalSettings:

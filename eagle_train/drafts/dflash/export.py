@@ -117,17 +117,23 @@ def to_vllm(
 
 def from_speculators(config: dict[str, Any]) -> dict[str, Any] | None:
     """The native config of a speculators-format DFlash drafter, as vLLM's speculators
-    loader rebuilds it: ``aux_hidden_state_layer_ids`` ("after k layers") become
-    ``dflash_config.target_layer_ids`` (0-based outputs); None for another type."""
+    loader rebuilds it (``update_dflash`` in ``transformers_utils/configs/speculators``):
+    ``aux_hidden_state_layer_ids`` ("after k layers") become ``dflash_config.target_layer_ids``
+    (0-based outputs) and stay as ``eagle_aux_hidden_state_layer_ids``; the draft attends
+    causally unless ``sliding_window_non_causal`` (absent: non-causal); None for another
+    type."""
     if config.get("speculators_model_type") != "dflash":
         return None
     native = dict(config.get("transformer_layer_config") or {})
     aux = list(config.get("aux_hidden_state_layer_ids") or [])
     native.update(
         architectures=["DFlashDraftModel"],
+        eagle_aux_hidden_state_layer_ids=aux,
         dflash_config={
             "mask_token_id": config.get("mask_token_id"),
             "target_layer_ids": [i - 1 for i in aux],
+            "sample_from_anchor": config.get("sample_from_anchor", False),
+            "causal": not config.get("sliding_window_non_causal", True),
         },
     )
     if config.get("target_hidden_size") is not None:
