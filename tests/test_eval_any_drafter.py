@@ -37,6 +37,12 @@ GOLDEN = {
         "dflash",
         {"method": "dflash", "num_speculative_tokens": 3},
     ),
+    "speculators-dflash-vocab": (
+        ASSETS / "drafters" / "speculators-dflash-vocab",
+        "speculators",
+        "dflash",
+        {"method": "dflash", "num_speculative_tokens": 3},
+    ),
     "safeailab-eagle1": (
         ASSETS / "drafters" / "safeailab-eagle1",
         "safeailab",
@@ -65,10 +71,12 @@ def llama(world: Path) -> Path:
 
 
 @pytest.mark.parametrize("name", sorted(GOLDEN))
-def test_each_layout_is_read_as_vllm_serves_it(name: str, tiny_world: Path) -> None:
+def test_each_layout_is_read_as_vllm_serves_it(name: str, tiny_world: Path, tmp_path: Path) -> None:
     path, layout, algorithm, serving = GOLDEN[name]
     found = read_layout(path)
     assert (found.layout, found.spec.name) == (layout, algorithm)
+    if name == "safeailab-eagle3":  # servable next to the 4-layer target once it names
+        path = with_aux_ids(foreign_copy(name, tmp_path))  # its aux layers (test below)
     info = inspect_drafter(
         path, load_target_description(llama(tiny_world)), K_GIVEN.get(name), llama(tiny_world)
     )
@@ -110,6 +118,8 @@ def test_tensors_as_vllm_loads_them() -> None:
     assert safeailab.tensors["layers.0.self_attn.q_proj.weight"][0] == (64, 128)
     assert not any(n.startswith("midlayer.") for n in safeailab.tensors)
     assert "t2d" not in safeailab.tensors and safeailab.skipped == ["t2d"]
+    dflash = read_layout(GOLDEN["speculators-dflash-vocab"][0])  # its own head and d2t
+    assert dflash.tensors["lm_head.weight"][0] == (128, 64) and dflash.skipped == ["t2d"]
     peagle = read_layout(GOLDEN["speculators-peagle"][0])
     assert peagle.tensors["mask_hidden"][0] == (3 * 64,)  # shipped as [1, 1, 192]
 
@@ -118,6 +128,13 @@ def foreign_copy(name: str, tmp_path: Path) -> Path:
     out = tmp_path / name
     shutil.copytree(GOLDEN[name][0], out)
     return out
+
+
+def with_aux_ids(path: Path) -> Path:
+    config = json.loads((path / "config.json").read_text())
+    config["eagle_aux_hidden_state_layer_ids"] = [1, 2, 3]
+    (path / "config.json").write_text(json.dumps(config))
+    return path
 
 
 def test_fc_bias_of_an_unconverted_eagle1_is_refused(tiny_world: Path, tmp_path: Path) -> None:
@@ -129,6 +146,21 @@ def test_fc_bias_of_an_unconverted_eagle1_is_refused(tiny_world: Path, tmp_path:
     torch.save(state, path / "pytorch_model.bin")
     with pytest.raises(DrafterError, match="unexpected tensor fc.bias"):
         inspect_drafter(path, load_target_description(llama(tiny_world)), 2)
+
+
+def test_eagle3_without_aux_layer_ids_on_a_shallow_target(tiny_world: Path, tmp_path: Path) -> None:
+    """SafeAILab's EAGLE-3 names no aux layers: vLLM feeds it the target's default layers
+    (2, L//2, L-3), on the 4-layer tiny target (2, 2, 1), 2 distinct, while its fc reads 3
+    (vLLM failed at the first request: "shape '[-1, 192]' is invalid"). Refused before any
+    engine starts; naming the layers in config.json makes it servable."""
+    path = foreign_copy("safeailab-eagle3", tmp_path)
+    desc = load_target_description(llama(tiny_world))
+    with pytest.raises(DrafterError, match=r"\[2, 2, 1\], 2 distinct, but the drafter's fc"):
+        inspect_drafter(path, desc, 2)
+    config = json.loads((path / "config.json").read_text())
+    config["eagle_aux_hidden_state_layer_ids"] = [1, 2, 3]
+    (path / "config.json").write_text(json.dumps(config))
+    assert inspect_drafter(path, desc, 2).method == "eagle3"
 
 
 def test_drafter_for_another_target_is_refused_or_overridden(tiny_world: Path) -> None:

@@ -70,10 +70,15 @@ def vllm_config(
 def expected_tensors(
     config: dict[str, Any],
 ) -> tuple[dict[str, tuple[int, ...]], dict[str, tuple[int, ...]]]:
-    """(required, optional) tensor shapes for ``config``. Nothing is optional: embed_tokens
-    and lm_head are the target's (shipping them would be a copy vLLM compares or keeps),
-    and ``mask_hidden`` makes vLLM's DFlash loader assert."""
+    """(required, optional) tensor shapes for ``config``, as vLLM's DFlash ``load_weights``
+    (``qwen3_dflash.py``) takes them. This project's exports ship the required ones only:
+    embed_tokens and lm_head are the target's. A drafter with a draft vocabulary of its own
+    (``draft_vocab_size`` below the target's, as speculators writes one) needs its lm_head
+    and ``d2t``; an embedding or a full-vocabulary head shipped anyway is the drafter's own
+    (vLLM keeps it). ``mask_hidden`` makes vLLM's DFlash loader assert: never accepted."""
     h, th = config["hidden_size"], config["target_hidden_size"]
+    v = config["vocab_size"]
+    vd = config.get("draft_vocab_size") or v
     n = len(config["dflash_config"]["target_layer_ids"])
     shapes: dict[str, tuple[int, ...]] = {
         "fc.weight": (h, n * th),
@@ -82,7 +87,12 @@ def expected_tensors(
     }
     for i in range(config["num_hidden_layers"]):
         shapes.update(layer_tensors(config, i, qk_norm=True))
-    return shapes, {}
+    optional: dict[str, tuple[int, ...]] = {"embed_tokens.weight": (v, h)}
+    if vd != v:
+        shapes.update({"lm_head.weight": (vd, h), "d2t": (vd,)})
+    else:
+        optional["lm_head.weight"] = (v, h)
+    return shapes, optional
 
 
 def to_vllm(
@@ -139,7 +149,7 @@ def from_speculators(config: dict[str, Any]) -> dict[str, Any] | None:
     if config.get("target_hidden_size") is not None:
         native["target_hidden_size"] = config["target_hidden_size"]
     if config.get("draft_vocab_size") not in (None, native.get("vocab_size")):
-        native["draft_vocab_size"] = config["draft_vocab_size"]  # refused by the contract
+        native["draft_vocab_size"] = config["draft_vocab_size"]  # its own head and d2t
     return native
 
 

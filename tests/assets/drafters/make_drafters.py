@@ -7,7 +7,8 @@ vocabulary 512, 4 layers), in a layout another tool writes:
 - ``speculators-peagle``, ``speculators-dflash``: ``PEagleDraftModel`` / ``DFlashDraftModel``
   of speculators 0.9.0, ``from_training_args`` + ``save_pretrained`` (what ``speculators
   train`` writes: config.json with ``speculators_config``, model.safetensors with ``d2t`` and
-  ``t2d`` where the draft has its own vocabulary). The speculators EAGLE-3 drafter is
+  ``t2d`` where the draft has its own vocabulary; ``speculators-dflash-vocab`` is DFlash with
+  a 128-token draft vocabulary: lm_head, d2t, t2d). The speculators EAGLE-3 drafter is
   ``tests/assets/speculators/eagle3-llama-tiny`` (``make_fixture.py`` there).
 - ``safeailab-eagle1``: SafeAILab's EAGLE-1 draft (``eagle.model.cnets.Model`` of PyPI's
   eagle-llm 1.2.1) built from a Llama config with ``bias: false``, its state dict saved with
@@ -104,6 +105,28 @@ def speculators_drafters(verifier: str) -> None:
     save(dflash, fresh("speculators-dflash"))
 
 
+def speculators_dflash_vocab(verifier: str) -> None:
+    """speculators' DFlash with a draft vocabulary of its own: lm_head, d2t and t2d ship."""
+    from speculators.models.dflash import DFlashDraftModel
+
+    layer = AutoConfig.from_pretrained(verifier)
+    layer.num_hidden_layers = 1
+    d2t, t2d = draft_vocab()
+    dflash = DFlashDraftModel.from_training_args(
+        layer,
+        t2d=t2d,
+        d2t=d2t,
+        draft_vocab_size=DRAFT_VOCAB,
+        block_size=4,
+        mask_token_id=VOCAB - 1,
+        target_layer_ids=[1, 3],
+        verifier_name_or_path=verifier,
+        draft_attn_impl="sdpa",
+    )
+    randomize(dflash, skip=("verifier_", "embed_tokens"))
+    save(dflash, fresh("speculators-dflash-vocab"))
+
+
 def save(model: torch.nn.Module, out: Path) -> None:
     model.save_pretrained(out)
     # save_pretrained also copies speculators' config class (auto_map, trust_remote_code);
@@ -196,7 +219,14 @@ def main() -> None:
     world = Path(sys.argv[1]).resolve()
     os.chdir(world)  # the verifier is named by a relative path, as a hub id would be
     verifier = "targets/llama/fp32"
-    for make in (speculators_drafters, safeailab_eagle1, safeailab_eagle3, zlab_dflash):
+    makers = (
+        speculators_drafters,
+        safeailab_eagle1,
+        safeailab_eagle3,
+        zlab_dflash,
+        speculators_dflash_vocab,
+    )
+    for make in makers:
         torch.manual_seed(0)
         make(verifier)
     for out in sorted(OUT.iterdir()):
