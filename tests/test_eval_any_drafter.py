@@ -234,3 +234,63 @@ def test_engine_choice(tiny_world: Path) -> None:
     )
     assert capped.max_model_len == 512 and "capped" in capped.max_model_len_reason
     assert capped.kv_cache_memory_bytes is None and capped.env == {}
+
+
+def test_report_prints_engine_settings_and_each_drafters_source() -> None:
+    from eagle_train.evaluate.engine_choice import EngineChoice
+    from eagle_train.evaluate.report import to_markdown
+
+    row = {
+        "requests": 2,
+        "tokens_per_target_step": 1.5,
+        "mean_request_tokens_per_target_step": 1.5,
+        "acceptance_length": 1.5,
+        "drafted_step_share": 1.0,
+        "tokens_per_s": 10.0,
+        "speedup": None,
+        "per_position_rate": [0.5],
+    }
+    engine = EngineChoice(
+        300,
+        "longest prompt 281 + max_new_tokens 16 + K 3",
+        256 * 2**20,
+        {"NUMBA_NUM_THREADS": "1", "VLLM_CPU_OMP_THREADS_BIND": "0"},
+        {"OMP_NUM_THREADS": "1"},
+    )
+    source = {
+        "layout": "safeailab",
+        "made_by": "unknown",
+        "verifier": "unknown",
+        "target_check": "matches",
+        "skipped_tensors": ["t2d"],
+    }
+    drafter = {
+        "method": "eagle3",
+        "num_speculative_tokens": 3,
+        "overall": row,
+        "turns": {"1": row},
+        "categories": {"writing": row},
+        "speedup": None,
+        "greedy_equal_to_target": None,
+        "reproducible": None,
+        "source": source,
+    }
+    summary = {
+        "target": "T",
+        "prompts": "mt_bench",
+        "turns": 1,
+        "sampling": {"label": "greedy (temperature 0)"},
+        "baseline_tokens_per_s": 12.0,
+        "drafters": {"D": drafter},
+        "paired": [],
+        "engine": engine.to_dict(),
+    }
+    md = to_markdown(summary)
+    assert (
+        "Engine: max_model_len 300 (longest prompt 281 + max_new_tokens 16 + K 3); KV 256 MiB; "
+        "set: NUMBA_NUM_THREADS=1 VLLM_CPU_OMP_THREADS_BIND=0; kept: OMP_NUM_THREADS=1"
+    ) in md
+    assert (
+        "## D (eagle3, K=3)\n\nDrafter: safeailab layout, written by unknown, for target "
+        "unknown (matches); tensors vLLM skips: t2d\n\n| category |"
+    ) in md
