@@ -6,7 +6,7 @@
 FROM vllm/vllm-openai:v0.32.0
 
 WORKDIR /opt/eagle-train
-COPY pyproject.toml README.md ./
+COPY pyproject.toml README.md LICENSE ./
 COPY eagle_train ./eagle_train
 COPY configs ./configs
 COPY scripts ./scripts

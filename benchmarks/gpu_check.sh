@@ -169,9 +169,7 @@ acceptance() {
     --set data.micro_batch_size="$BATCH" \
     --set train.max_steps="$TRAIN_STEPS" --set train.save_every="$TRAIN_STEPS" \
     --set train.output_dir="$OUT/eagle3" --resume auto || return 1
-  local ckpt
-  ckpt=$(ls -d "$OUT"/eagle3/checkpoints/step-* | tail -1)
-  "$PY" -m eagle_train.cli export-draft "$ckpt" "$OUT/drafter" --overwrite || return 1
+  "$PY" -m eagle_train.cli export-draft "$OUT/eagle3" "$OUT/drafter" --overwrite || return 1
   "$PY" -m eagle_train.cli eval-acceptance --target "$TARGET" --draft "$OUT/drafter" \
     --set turns=1 --set num_prompts="$EVAL_LIMIT" --set max_new_tokens="$EVAL_TOKENS" $EVAL_KV \
     --out "$OUT/eval"

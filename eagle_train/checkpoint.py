@@ -232,6 +232,17 @@ def checkpoint_problems(path: Path) -> list[str]:
     return problems
 
 
+def newest_intact(root: Path) -> Path | None:
+    """The newest intact checkpoint under ``root`` (None when there is none); damaged ones
+    are skipped with a warning."""
+    for path in reversed(_step_dirs(root)):
+        found = checkpoint_problems(path)
+        if not found:
+            return path
+        log.warning("skipping checkpoint %s: %s", path, "; ".join(found))
+    return None
+
+
 def find_resumable(root: Path) -> Path | None:
     """The newest intact checkpoint under ``root``; damaged ones are skipped with a warning.
     None when there are no checkpoints at all; an error when all of them are damaged."""
@@ -290,12 +301,16 @@ def read_pickle(path: Path) -> Any:
 
 # draft.layer_style of a checkpoint written before it became draft.qk_norm.
 _QK_NORM_OF_LAYER_STYLE = {"auto": None, "llama": False, "qwen3": True}
+# optim settings a checkpoint held before they were removed, with the one value they stand
+# for now (AdamW, no momentum).
+_REMOVED_OPTIM = {"name": "adamw", "momentum": 0.0}
 
 
 def stored_config(path: Path) -> RunConfig:
     """A checkpoint's run config, read as if written now where an older version wrote it:
     ``data.draft_vocab_size`` (null unless set) moved to the draft that has a vocabulary
-    (``draft.draft_vocab_size``), ``draft.layer_style`` became ``draft.qk_norm``."""
+    (``draft.draft_vocab_size``), ``draft.layer_style`` became ``draft.qk_norm``, and
+    ``optim.name: adamw`` and ``optim.momentum: 0.0`` (AdamW, the only optimizer) went."""
     file = path / "config.yaml"
     data, lines = read_yaml(file)
     section = data.get("data")
@@ -307,6 +322,10 @@ def stored_config(path: Path) -> RunConfig:
     if style in _QK_NORM_OF_LAYER_STYLE and "qk_norm" not in draft:
         draft.pop("layer_style")
         draft["qk_norm"] = _QK_NORM_OF_LAYER_STYLE[style]
+    optim = data.get("optim")
+    for key, only in _REMOVED_OPTIM.items():  # dump_config wrote them with their defaults
+        if isinstance(optim, dict) and optim.get(key, only) == only:
+            optim.pop(key, None)
     return validate_config(RunConfig, data, str(file), lines)
 
 

@@ -17,8 +17,9 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from pydantic import BaseModel
 
-from eagle_train.config import load_config
+from eagle_train.config import config_text, load_config
 from eagle_train.errors import UserError
 from eagle_train.fsutil import USER_ERRNOS, describe_os_error
 
@@ -45,6 +46,14 @@ def command(name: str) -> Callable[[Callable[..., Any]], typer.Typer]:
 
 
 ConfigOpt = Annotated[Path | None, typer.Option("--config", "-c", help="YAML config file.")]
+PrintConfigOpt = Annotated[
+    bool,
+    typer.Option(
+        "--print-config",
+        help="Print the resolved config (every default filled in) as YAML and exit without "
+        "running; `eagle-train settings` says what each key means.",
+    ),
+]
 SetOpt = Annotated[
     list[str] | None,
     typer.Option("--set", "-s", help="Override a config key: --set a.b=value (repeatable)."),
@@ -102,6 +111,7 @@ def build_demo_app(
     config: ConfigOpt = None,
     overrides: SetOpt = None,
     overwrite: Annotated[bool, typer.Option(help="Replace an existing world.")] = False,
+    print_config: PrintConfigOpt = False,
     verbose: bool = False,
 ) -> None:
     """Build the demo tokenizer, Llama and Qwen3 targets and chat data (seeded, no downloads)."""
@@ -110,6 +120,8 @@ def build_demo_app(
     _start(verbose)
     with _one_line():
         cfg = load_config(DemoConfig, config, overrides)
+        if print_config:
+            return typer.echo(config_text(cfg), nl=False)
         summary = build_demo_world(cfg, out_dir, overwrite=overwrite)
     typer.echo(
         json.dumps(
@@ -127,6 +139,7 @@ def build_demo_app(
 def prepare_data_app(
     config: ConfigOpt = None,
     overrides: SetOpt = None,
+    print_config: PrintConfigOpt = False,
     verbose: bool = False,
 ) -> None:
     """Render chats with the target's template, mask assistant tokens, tokenise, and write a
@@ -138,6 +151,8 @@ def prepare_data_app(
     _start(verbose)
     with _one_line():
         cfg = load_config(PrepareDataConfig, config, overrides)
+        if print_config:
+            return typer.echo(config_text(cfg), nl=False)
         report = run(cfg)
     typer.echo(report.summary())
 
@@ -153,6 +168,7 @@ def train_draft_app(
             "if none); or a checkpoint directory."
         ),
     ] = None,
+    print_config: PrintConfigOpt = False,
     verbose: bool = False,
 ) -> None:
     """Train a draft on a frozen target: target + data + draft + optim + train sections.
@@ -167,6 +183,8 @@ def train_draft_app(
         overrides = [*(overrides or []), f"train.resume={resume}"]
     with _one_line():
         cfg = load_config(RunConfig, config, overrides)
+        if print_config:
+            return typer.echo(config_text(cfg), nl=False)
         result = train(cfg)
     if os.environ.get("RANK", "0") == "0":
         typer.echo(json.dumps(result.final_metrics, indent=2))
@@ -189,6 +207,7 @@ def prepare_features_app(
         str | None,
         typer.Option(help="'auto': spread the target over this node's GPUs (accelerate)."),
     ] = None,
+    print_config: PrintConfigOpt = False,
     verbose: bool = False,
 ) -> None:
     """Write the features the run config's draft reads (its target layers and the final
@@ -206,6 +225,8 @@ def prepare_features_app(
     )
     with _one_line():
         cfg = load_config(RunConfig, config, overrides)
+        if print_config:
+            return typer.echo(config_text(cfg), nl=False)
         reports = run(cfg, settings)
     if os.environ.get("RANK", "0") == "0":
         for r in reports:
@@ -217,7 +238,13 @@ def prepare_features_app(
 
 @command("export-draft")
 def export_draft_app(
-    checkpoint: Annotated[Path, typer.Argument(help="A checkpoint directory (step-*).")],
+    checkpoint: Annotated[
+        Path,
+        typer.Argument(
+            help="A run directory (train.output_dir: its best/ where the acceptance probe "
+            "kept one, else its newest intact checkpoint) or a checkpoint directory (step-*)."
+        ),
+    ],
     out_dir: Annotated[Path, typer.Argument(help="Where to write the vLLM drafter.")],
     overwrite: Annotated[bool, typer.Option(help="Replace an existing directory.")] = False,
     format: Annotated[
@@ -239,12 +266,15 @@ def export_draft_app(
     model card (README.md) holding the exact vllm serve command."""
     from eagle_train.export import export_draft
     from eagle_train.model_card import serve_command
+    from eagle_train.run_dir import checkpoint_to_export
 
     _start(False)
     if format not in ("vllm", "speculators"):
         raise _fail(ValueError(f"--format {format!r}: expected 'vllm' or 'speculators'"))
     with _one_line():
-        out = export_draft(checkpoint, out_dir, overwrite, format, verifier)  # type: ignore[arg-type]
+        chosen, why = checkpoint_to_export(checkpoint)
+        typer.echo(f"exporting {chosen}: {why}")
+        out = export_draft(chosen, out_dir, overwrite, format, verifier)  # type: ignore[arg-type]
     typer.echo(f"drafter written to {out}")
     provenance = json.loads((out / "eagle_train.json").read_text())
     typer.echo("serve: " + serve_command(provenance, out.resolve()))
@@ -258,13 +288,15 @@ def eval_acceptance_app(
     draft: Annotated[
         list[Path] | None,
         typer.Option(
-            help="An exported drafter, or 'ngram' for vLLM's n-gram proposer (repeatable)."
+            help="A drafter directory in any layout vLLM serves (export-draft's, speculators', "
+            "SafeAILab's, z-lab's), or 'ngram' for vLLM's n-gram proposer (repeatable)."
         ),
     ] = None,
     out: Annotated[Path | None, typer.Option(help="Output directory (output_dir).")] = None,
     overwrite: Annotated[
         bool, typer.Option(help="Replace an earlier evaluation in --out (nothing else).")
     ] = False,
+    print_config: PrintConfigOpt = False,
     verbose: bool = False,
 ) -> None:
     """Measure acceptance length (MT-Bench by default: greedy, one request at a time) of
@@ -281,6 +313,8 @@ def eval_acceptance_app(
     given = [f"{k}={json.dumps(v, default=str)}" for k, v in flags.items() if v is not None]
     with _one_line():
         settings = load_config(EvalSettings, config, [*given, *(overrides or [])])
+        if print_config:
+            return typer.echo(config_text(settings), nl=False)
         inputs = [("target", settings.target), *(("drafter", d) for d in settings.drafters)]
         out = check_report_dir(settings.output_dir, overwrite, inputs)  # before any engine
         run = run_eval(settings)
@@ -333,6 +367,53 @@ def fetch_real_target_app(
     with _one_line():
         result = run(out_dir, cache_dir)
     typer.echo(result.summary())
+
+
+def config_schemas() -> dict[str, type[BaseModel]]:
+    """The config schema of each command that takes --config."""
+    from eagle_train.data.config import PrepareDataConfig
+    from eagle_train.demo.build import DemoConfig
+    from eagle_train.evaluate.settings import EvalSettings
+    from eagle_train.run_config import RunConfig
+
+    return {
+        "train-draft": RunConfig,
+        "prepare-features": RunConfig,
+        "prepare-data": PrepareDataConfig,
+        "eval-acceptance": EvalSettings,
+        "build-demo-world": DemoConfig,
+    }
+
+
+@command("settings")
+def settings_app(
+    section: Annotated[
+        str | None,
+        typer.Argument(help="A section or key, e.g. optim, draft, train.acceptance (all: none)."),
+    ] = None,
+    of: Annotated[
+        str, typer.Option("--command", help="Whose settings: a command that takes --config.")
+    ] = "train-draft",
+    markdown: Annotated[
+        bool, typer.Option(help="Every command's settings as the page docs/settings.md.")
+    ] = False,
+) -> None:
+    """List the settings of a command's config (--config / --set keys) with their type,
+    default and meaning, from the schemas' own descriptions."""
+    from eagle_train.settings_reference import list_settings, select, to_markdown, to_text
+
+    schemas = config_schemas()
+    if markdown:
+        return typer.echo(to_markdown(schemas), nl=False)
+    if of not in schemas:
+        raise _fail(ValueError(f"--command {of!r}: expected one of {', '.join(schemas)}"))
+    rows = select(list_settings(schemas[of]), section)
+    if not rows:
+        tops = dict.fromkeys(r.key.split(".")[0].split("[")[0] for r in list_settings(schemas[of]))
+        raise _fail(
+            ValueError(f"{of} has no setting {section!r}; its sections and keys: {', '.join(tops)}")
+        )
+    typer.echo(to_text(rows))
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -22,7 +22,14 @@ class StrictModel(BaseModel):
     """Base of every config section: unknown keys are errors, fields are validated on set,
     and no number is inf or nan (``lr=inf`` would train to NaN after one step)."""
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
+    # Every field's description is the docstring under it (use_attribute_docstrings): what
+    # eagle-train settings, --print-config and docs/settings.md show (docs/training.md).
+    model_config = ConfigDict(
+        extra="forbid",
+        validate_assignment=True,
+        allow_inf_nan=False,
+        use_attribute_docstrings=True,
+    )
 
 
 class ConfigError(UserError, ValueError):
@@ -127,7 +134,7 @@ class SettingError(UserError, ValueError):
 
 def refuse_moved_key(data: Any, key: str, message: str) -> Any:
     """For a ``mode="before"`` validator: ``data`` as it is, or ``ValueError(message)`` when
-    it holds ``key``, a setting that moved elsewhere."""
+    it holds ``key``, a key that has no effect in this section (``message`` says why)."""
     if isinstance(data, dict) and key in data:
         raise ValueError(message)
     return data

@@ -8,7 +8,7 @@ from typing import Any, Literal
 import torch
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
-from eagle_train.config import SettingError, StrictModel, refuse_moved_key
+from eagle_train.config import SettingError, StrictModel
 from eagle_train.drafts.registry import DRAFTS, DraftConfig
 from eagle_train.evaluate.settings import TrainAcceptance
 from eagle_train.optim import OptimConfig
@@ -18,40 +18,54 @@ DtypeName = Literal["bfloat16", "float16", "float32"]
 
 
 class TargetSection(StrictModel):
-    path: Path  # anything AutoModelForCausalLM.from_pretrained loads
+    path: Path
+    """The frozen target: a local directory or hub id that transformers'
+    AutoModelForCausalLM.from_pretrained loads."""
     dtype: DtypeName = "bfloat16"
-    # Under torchrun, shard the frozen target over the ranks with FSDP2 (each decoder layer
-    # gathered for its forward, then freed): a target larger than one device trains online.
+    """The dtype the target runs in while training (and the draft's storage dtype under
+    optim.dtype: auto); bf16 is what vLLM serves."""
     shard: bool = False
+    """Under torchrun, shard the frozen target over the ranks with FSDP2 (each decoder layer
+    gathered for its forward, then freed): a target larger than one device trains online."""
 
 
 class DataSource(StrictModel):
-    path: Path  # a prepare-data output directory
-    weight: float = Field(gt=0)  # its share of each epoch's rows (weights need not sum to 1)
-    # The prepare-features directory made for this path: its train/ split is read instead of
-    # running the target. Set on every source or on none.
+    path: Path
+    """A prepare-data output directory."""
+    weight: float = Field(gt=0)
+    """Its share of each epoch's rows (weights need not sum to 1)."""
     features: Path | None = None
+    """The prepare-features directory made for this path: its train/ split is read instead of
+    running the target. Set on every source or on none."""
 
 
 class DataSection(StrictModel):
-    # A prepare-data output directory, or several mixed by weight, [{path, weight}, ...]:
-    # each epoch draws every source's share of rows (data/mixture.py).
     train: Path | list[DataSource]
+    """The training rows: a prepare-data output directory, or several mixed by weight, [{path,
+    weight}, ...]: each epoch draws every source's share of rows (data/mixture.py)."""
     val: Path | None = None
-    # A prepare-features directory: features are read from it (train/, and val/ when val is
-    # set) instead of running the target; only the target's head and embeddings are loaded.
+    """A prepare-data output directory for validation (loss, accuracy and simulated acceptance
+    every train.val_every steps); None: no validation."""
     features: Path | None = None
+    """A prepare-features directory: features are read from it (train/, and val/ when val is
+    set) instead of running the target; only the target's head and embeddings are loaded."""
     micro_batch_size: int = Field(default=4, ge=1)
-    max_length: int | None = Field(default=None, ge=8)  # crop sequences (None: as prepared)
+    """Rows per micro-batch on each rank (one optimizer step takes micro_batch_size x
+    train.grad_accum x ranks rows)."""
+    max_length: int | None = Field(default=None, ge=8)
+    """Crop rows to this many tokens (None: as prepared)."""
     seed: int = 0
-    # Training micro-batches of whole rows of similar length up to max_tokens_per_batch padded
-    # tokens (None: micro_batch_size rows of the mean length), not micro_batch_size rows
-    # padded to the longest (data/packing.py). Validation batches stay micro_batch_size rows.
-    # Off by default: on the demo e2e tests it lowered vLLM's acceptance (DFlash llama 2.27
-    # against 2.78 unpacked, same steps; docs/results/2026-12-01-packing.md), on SmolLM2 a
-    # little (docs/results/2026-12-05-packing-smollm2.md).
+    """Seed of the row order (each epoch a new permutation drawn from it; exact on resume)."""
     packing: bool = False
+    """Training micro-batches of whole rows of similar length up to max_tokens_per_batch padded
+    tokens (None: micro_batch_size rows of the mean length), not micro_batch_size rows padded
+    to the longest (data/packing.py). Validation batches stay micro_batch_size rows. Off by
+    default: on the demo e2e tests it lowered vLLM's acceptance (DFlash llama 2.27 against 2.78
+    unpacked, same steps; docs/results/2026-12-01-packing.md), on SmolLM2 a little
+    (docs/results/2026-12-05-packing-smollm2.md)."""
     max_tokens_per_batch: int | None = Field(default=None, ge=1)
+    """With packing: padded tokens per training micro-batch (None: micro_batch_size rows of the
+    data's mean length)."""
 
     @model_validator(mode="after")
     def _budget_needs_packing(self) -> DataSection:
@@ -83,16 +97,6 @@ class DataSection(StrictModel):
             if problem:
                 raise ValueError(problem)
         return self
-
-    @model_validator(mode="before")
-    @classmethod
-    def _size_moved(cls, data: Any) -> Any:
-        return refuse_moved_key(
-            data,
-            "draft_vocab_size",
-            "data.draft_vocab_size moved to draft.draft_vocab_size (the draft vocabulary "
-            "size is a property of the draft): set it there",
-        )
 
 
 def mixture_problem(
@@ -131,27 +135,49 @@ def mixture_problem(
 
 class TrainSection(StrictModel):
     output_dir: Path
+    """The run directory: config.yaml, metrics.jsonl, checkpoints/, best/
+    (docs/training.md#what-a-run-writes). New, empty or an earlier train-draft run's."""
     max_steps: int = Field(default=1000, ge=1)
+    """Optimizer steps to train (the LR schedule ends here)."""
     grad_accum: int = Field(default=1, ge=1)
+    """Micro-batches whose gradients are summed per optimizer step."""
     grad_clip: float | None = Field(default=1.0, gt=0)
+    """Clip the global gradient norm to this value (None: no clipping; the norm is still
+    logged)."""
     log_every: int = Field(default=10, ge=1)
+    """Write metrics.jsonl (and TensorBoard) every this many steps."""
     val_every: int = Field(default=200, ge=1)
-    val_batches: int | None = Field(default=20, ge=1)  # None: the whole validation set
+    """Validate on data.val every this many steps."""
+    val_batches: int | None = Field(default=20, ge=1)
+    """Validation micro-batches per validation (None: the whole validation set)."""
     save_every: int = Field(default=500, ge=1)
+    """Write a checkpoint every this many steps (and at the end)."""
     keep_last: int = Field(default=3, ge=1)
+    """Checkpoints kept under checkpoints/; older ones are deleted after each save."""
     seed: int = 0
-    device: str = "auto"  # auto: cuda when available, else cpu
-    # Several ranks (torchrun): ddp replicates the draft; fsdp (FSDP2) shards it and its
-    # fp32 optimizer state, for large drafts.
+    """Seed of the draft's initialisation and of every random draw in training (noise, sampled
+    anchors)."""
+    device: str = "auto"
+    """'auto': cuda when available, else cpu; or a torch device string ('cpu', 'cuda')."""
     parallel: Literal["ddp", "fsdp"] = "ddp"
-    # "auto": continue from the newest intact checkpoint under output_dir (fresh start if
-    # there is none); a path: that checkpoint; None: fresh, refusing a dir with checkpoints.
+    """Several ranks (torchrun): ddp replicates the draft; fsdp (FSDP2) shards it and its fp32
+    optimizer state, for large drafts."""
     resume: str | None = None
-    nonfinite: Literal["stop", "skip"] = "stop"  # on a non-finite loss or gradient norm
-    max_skipped_steps: int = Field(default=50, ge=0)  # "skip": stop after this many skips
-    dist_timeout_s: float = Field(default=600.0, gt=0)  # collectives, when no agent stops us
+    """'auto': continue from the newest intact checkpoint under output_dir (fresh start if
+    there is none); a path: that checkpoint; None: fresh, refusing a directory with
+    checkpoints."""
+    nonfinite: Literal["stop", "skip"] = "stop"
+    """On a non-finite loss or gradient norm: 'stop' the run with an error, or 'skip' the step
+    (no update)."""
+    max_skipped_steps: int = Field(default=50, ge=0)
+    """With nonfinite: skip, stop after this many skipped steps."""
+    dist_timeout_s: float = Field(default=600.0, gt=0)
+    """Timeout of collectives (seconds), so a rank that died does not hang the others when no
+    agent stops them."""
     tensorboard: bool = True
+    """Also write the metrics as TensorBoard events under output_dir/tensorboard."""
     progress: bool = True
+    """Show a progress bar with the latest metrics (rank 0)."""
 
     @field_validator("resume", mode="before")
     @classmethod
@@ -163,15 +189,23 @@ class TrainSection(StrictModel):
             )
         return value
 
-    acceptance: TrainAcceptance = TrainAcceptance()  # vLLM acceptance length while training
+    acceptance: TrainAcceptance = TrainAcceptance()
+    """vLLM acceptance length while training: every train.acceptance.every steps the draft is
+    exported and served next to the target; the best is kept under best/."""
 
 
 class RunConfig(StrictModel):
     target: TargetSection
+    """The frozen target the draft is trained for."""
     data: DataSection
+    """The prepared training (and validation) rows, or feature caches made from them."""
     draft: DraftConfig
+    """The draft: draft.algorithm picks eagle1, eagle3, peagle or dflash (docs/algorithms/),
+    and with it the other draft.* settings."""
     optim: OptimConfig = OptimConfig()
+    """The optimizer (AdamW with fp32 master weights by default) and its LR schedule."""
     train: TrainSection
+    """The loop: steps, logging, validation, checkpoints, devices, resume."""
 
     @field_validator("draft", mode="before")
     @classmethod

@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 
-from eagle_train.checkpoint import list_checkpoints
+from eagle_train.checkpoint import STATE_FILE, CheckpointError, list_checkpoints, newest_intact
 from eagle_train.config import config_text
 from eagle_train.fsutil import (
     UnsafePathError,
@@ -33,6 +33,8 @@ from eagle_train.run_config import RunConfig
 
 CONFIG_FILE = "config.yaml"
 LOCK_FILE = ".train-draft.lock"
+BEST_DIR = "best"  # the checkpoint the acceptance probe measured best (train.acceptance)
+CHECKPOINTS_DIR = "checkpoints"
 # Every top-level entry a run writes (the loop, the checkpoints, the acceptance probe, the
 # lock), and what a killed writer may leave (fsutil temporaries, a torn metrics line).
 RUN_ENTRIES = frozenset(
@@ -111,6 +113,26 @@ def _is_tool_output(path: Path) -> bool:
 
 def _is_leftover(name: str) -> bool:
     return any(fnmatch.fnmatchcase(name, p) for p in RUN_PATTERNS)
+
+
+def checkpoint_to_export(path: Path) -> tuple[Path, str]:
+    """The checkpoint ``export-draft PATH`` writes, and why it was chosen. PATH is a
+    checkpoint directory (exported as it is) or a run directory: its ``best/``, where the
+    acceptance probe kept one (the draft vLLM measured best during training), else its newest
+    intact checkpoint (a damaged or cut-off one is skipped with a warning)."""
+    path = Path(path)
+    is_run = not (path / STATE_FILE).is_file() and any(
+        (path / name).is_dir() for name in (BEST_DIR, CHECKPOINTS_DIR)
+    )
+    if not is_run:
+        return path, "the checkpoint given"
+    best = newest_intact(path / BEST_DIR)
+    if best is not None:
+        return best, "the run's best by acceptance length (best/)"
+    newest = newest_intact(path / CHECKPOINTS_DIR)
+    if newest is not None:
+        return newest, "the run's newest intact checkpoint (no intact best/)"
+    raise CheckpointError(f"{path}: a run directory without an intact checkpoint to export")
 
 
 def write_run_config(cfg: RunConfig, out: Path) -> None:

@@ -57,7 +57,6 @@ stage() {  # stage NAME COMMAND...: run it, record its wall time and the load av
     printf '%s\t%s\t%s\n' "$name" "$(($(date +%s) - start))" "$(cut -d' ' -f1-3 /proc/loadavg)" |
         tee -a "$TIMES"
 }
-last() { ls -d "$1"/checkpoints/step-* | tail -1; }
 TRAIN=(--set "target.path=$TARGET" --set "target.dtype=$DTYPE" --set data.micro_batch_size=$MBS
     --set train.log_every=20)
 
@@ -80,7 +79,7 @@ train_set() {  # train_set DATA_NAME RUN_NAME CONFIG: features, EPOCHS epochs of
         --set train.save_every=$steps --set optim.warmup_steps=$((steps / 20 + 1)) \
         --set "train.output_dir=$OUT/$name" --resume auto
     [ -f "$OUT/$name/drafter/config.json" ] ||
-        stage "export-$name" export-draft "$(last "$OUT/$name")" "$OUT/$name/drafter"
+        stage "export-$name" export-draft "$OUT/$name" "$OUT/$name/drafter"
 }
 synthesize() {  # synthesize NAME N [prepare-data args]: the target writes N prompts and answers
     local name=$1 n=$2
@@ -109,7 +108,7 @@ if part curve; then
         --set optim.lr=0.0 --set optim.warmup_steps=0 --set train.max_steps=1 \
         --set train.save_every=1 --set "train.output_dir=$OUT/random" --resume auto
     [ -f "$OUT/random/drafter/config.json" ] ||
-        stage export-random export-draft "$(last "$OUT/random")" "$OUT/random/drafter"
+        stage export-random export-draft "$OUT/random" "$OUT/random/drafter"
 fi
 # Diversity: prompts opened with the package's task stems, against the unseeded ones, same size.
 if part stems && [ -n "$STEMS" ]; then

@@ -1,4 +1,5 @@
-"""Size scripts/real_target.sh to a time budget on the machine it runs on.
+"""Size scripts/real_target.sh's planned budgets (BUDGET=90min, large) to a time budget on
+the machine it runs on (its default, 4,064 conversations x 3 epochs, needs no plan).
 
 Machines differ by more than 10x on this recipe (docs/results/2026-12-01-data-speed.md,
 2026-12-03-smollm2-amx.md, 2026-12-05-budget-plan.md), so a fixed number of conversations

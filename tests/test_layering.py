@@ -5,6 +5,7 @@ direction only, from the start of the pipeline up to its commands. Read from the
 from __future__ import annotations
 
 import ast
+import textwrap
 from graphlib import CycleError, TopologicalSorter
 from pathlib import Path
 
@@ -49,11 +50,52 @@ ALLOWED: dict[str, set[str]] = {
         *("checkpoint", "data", "drafts", "metrics", "parallel", "preemption", "run_config"),
         "train_setup",
     },
+    # every setting of a schema with its type, default and description (eagle-train settings)
+    "settings_reference": set(),
+    # run_dir: which checkpoint of a run directory export-draft writes
     "cli": {
         *("config", "data", "demo", "evaluate", "export", "features", "fsutil"),
-        *("model_card", "preemption", "run_config", "target_model", "train"),
+        *("model_card", "preemption", "run_config", "run_dir", "settings_reference"),
+        *("target_model", "train"),
     },
 }
+
+
+DATA_FLOW_PAGE = PACKAGE.parent / "docs" / "data-flow.md"
+LEVELS_MARK = "<!-- levels: generated from ALLOWED by python tests/test_layering.py -->"
+
+
+def levels(allowed: dict[str, set[str]]) -> list[list[str]]:
+    """The rooms by level: a room's level is one more than the highest level it imports
+    (0: it imports no other room), so each room imports only rooms of earlier levels."""
+    level: dict[str, int] = {}
+
+    def of(room: str) -> int:
+        if room not in level:
+            level[room] = 1 + max((of(dst) for dst in allowed[room]), default=-1)
+        return level[room]
+
+    for room in allowed:
+        of(room)
+    return [sorted(r for r in allowed if level[r] == n) for n in range(max(level.values()) + 1)]
+
+
+def levels_block(allowed: dict[str, set[str]]) -> str:
+    """The fenced block docs/data-flow.md shows: each level, each room with what it imports."""
+    found = levels(allowed)
+    width = max(len(r) for r in allowed)
+    lines = ["level 0   " + ", ".join(found[0]) + "   (no project imports)"]
+    for n, rooms in enumerate(found[1:], start=1):
+        for i, room in enumerate(rooms):
+            head = f"level {n:<2}  {room.ljust(width)}  imports " if i == 0 else ""
+            head = head or f"{'':10}{room.ljust(width)}  imports "
+            lines += textwrap.wrap(
+                ", ".join(sorted(allowed[room])),
+                width=95,
+                initial_indent=head,
+                subsequent_indent=" " * len(head),
+            )
+    return "```\n" + "\n".join(lines) + "\n```"
 
 
 def room_of(module: str) -> str:
@@ -122,6 +164,26 @@ def test_declared_layers_have_no_cycle() -> None:
     assert order.index("engine") < order.index("evaluate") < order.index("run_config")
 
 
+def test_levels_put_every_room_below_what_it_imports() -> None:
+    allowed = {"c": {"a", "b"}, "b": {"a"}, "a": set(), "d": {"a"}}
+    assert levels(allowed) == [["a"], ["b", "d"], ["c"]]
+    level = {room: n for n, rooms in enumerate(levels(ALLOWED)) for room in rooms}
+    assert level.keys() == ALLOWED.keys()
+    assert all(level[dst] < level[src] for src, dsts in ALLOWED.items() for dst in dsts)
+
+
+def test_the_data_flow_page_shows_these_levels() -> None:
+    """docs/data-flow.md quotes the levels computed from ALLOWED (regenerate the block with
+    ``python tests/test_layering.py``)."""
+    page = DATA_FLOW_PAGE.read_text()
+    assert LEVELS_MARK in page, f"{DATA_FLOW_PAGE.name} lost its marker {LEVELS_MARK}"
+    block = page.split(LEVELS_MARK, 1)[1].lstrip("\n")
+    shown = block[: block.index("\n```", 3) + 4]
+    assert shown == levels_block(ALLOWED), "docs/data-flow.md's levels differ from ALLOWED:\n" + (
+        levels_block(ALLOWED)
+    )
+
+
 def module_graph() -> dict[str, set[str]]:
     """Each module of the package (``eagle_train.data.backends``; a package by its own name)
     and the package modules it imports."""
@@ -166,3 +228,7 @@ def test_the_package_never_imports_the_lab() -> None:
                 names = [node.module]
             bad += [f"{path.relative_to(PACKAGE)}: {n}" for n in names if n.split(".")[0] in lab]
     assert lab and not bad, "\n".join(bad)
+
+
+if __name__ == "__main__":  # the block docs/data-flow.md shows under LEVELS_MARK
+    print(levels_block(ALLOWED))

@@ -75,23 +75,12 @@ def test_create_optimizer_builds_master_weight_adamw_with_names() -> None:
     assert "norm.weight" in names and "frozen.weight" not in names
     trainable = {id(p) for p in model.parameters() if p.requires_grad}
     assert {id(p) for g in opt.param_groups for p in g["params"]} == trainable
-    adam = create_optimizer(model, cfg.model_copy(update={"name": "adam"}))
-    assert isinstance(adam, MasterWeightAdamW)
-    assert adam.implementation == "fused"  # the compiled kernel is AdamW (decoupled) only
-    assert not adam.param_groups[0]["decoupled_weight_decay"]
-
-
-def test_non_adamw_with_master_weights_names_the_opt_out() -> None:
-    with pytest.raises(ValueError, match=r"optim\.fp32_master_weights=false"):
-        create_optimizer(TinyDraft(), OptimConfig(name="sgd"))
 
 
 def test_opt_out_builds_plain_torch_optimizers() -> None:
     model = TinyDraft()
     off = OptimConfig(fp32_master_weights=False)
     assert type(create_optimizer(model, off)) is torch.optim.AdamW
-    sgd = create_optimizer(model, off.model_copy(update={"name": "sgd", "momentum": 0.9}))
-    assert type(sgd) is torch.optim.SGD and sgd.param_groups[0]["momentum"] == 0.9
     with pytest.raises(ValueError, match="implementation=compiled"):
         create_optimizer(model, off.model_copy(update={"implementation": "compiled"}))
 
@@ -118,8 +107,7 @@ def test_resolve_storage_dtype_rules() -> None:
 
 def test_optim_config_defaults_and_validation(tmp_path) -> None:
     cfg = OptimConfig()
-    assert (cfg.name, cfg.lr, cfg.betas, cfg.eps, cfg.weight_decay) == (
-        "adamw",
+    assert (cfg.lr, cfg.betas, cfg.eps, cfg.weight_decay) == (
         1e-4,
         (0.9, 0.95),
         1e-8,

@@ -1,7 +1,7 @@
 """One schema per setting: the KV-cache default, the acceptance settings shared by
 eval-acceptance and train.acceptance, the draft-vocabulary size (the draft's own knob), and
 DFlash's loss target resolved from the training data, the q/k norm switch (once
-draft.layer_style)."""
+draft.layer_style, whose old key is now unknown)."""
 
 from __future__ import annotations
 
@@ -73,9 +73,11 @@ def test_a_draft_without_a_draft_vocabulary_refuses_the_knob(algorithm: str) -> 
         assert load_config(RunConfig, path, sets[:2]).draft.draft_vocab_size == 1024
 
 
-def test_the_old_draft_vocabulary_keys_say_where_the_knob_moved(tmp_path: Path) -> None:
+def test_the_old_draft_vocabulary_keys_are_unknown_keys(tmp_path: Path) -> None:
+    """The validators that said where these keys moved went (a 0.1.0 package); the keys are
+    now refused like any unknown key, in one line naming file, line and key."""
     eagle3 = REPO / "configs" / "train" / "eagle3-llama-demo.yaml"
-    with pytest.raises(ConfigError, match="data.draft_vocab_size moved to draft.draft_vocab_size"):
+    with pytest.raises(ConfigError, match="unknown key 'data.draft_vocab_size'"):
         load_config(RunConfig, eagle3, ["target.path=t", "data.train=d", "data.draft_vocab_size=8"])
     # prepare-data: the CLI's one line (exit 2), naming the file and line of the old key.
     old = tmp_path / "prepare.yaml"
@@ -84,34 +86,28 @@ def test_the_old_draft_vocabulary_keys_say_where_the_knob_moved(tmp_path: Path) 
     )
     result = CliRunner().invoke(app, ["prepare-data", "-c", str(old)])
     assert result.exit_code == 2, result.output
-    assert (
-        f"{old}:4: key 'vocab': Value error, vocab.draft_vocab_size moved to the train-draft "
-        "run config as draft.draft_vocab_size" in result.output
-    )
+    assert f"{old}:5: unknown key 'vocab.draft_vocab_size'" in result.output
     assert "Traceback" not in result.output and not (tmp_path / "out").exists()
 
 
 @pytest.mark.parametrize("algorithm", QK_NORM)
-def test_the_old_layer_style_key_says_it_moved_to_qk_norm(algorithm: str, tmp_path: Path) -> None:
+def test_the_old_layer_style_key_is_an_unknown_key(algorithm: str, tmp_path: Path) -> None:
     """draft.layer_style (llama/qwen3/auto) is draft.qk_norm now: the old key in a user's
-    file is one line naming file, line and the new key (exit 2, nothing written)."""
+    file is one line naming file, line and key (exit 2, nothing written)."""
     cfg = yaml.safe_load((REPO / "configs" / "train" / f"{algorithm}-llama-demo.yaml").read_text())
     cfg["target"]["path"], cfg["data"]["train"] = "t", "d"
     cfg["train"]["output_dir"] = str(tmp_path / "out")
     cfg["draft"]["layer_style"] = "qwen3"
     old = tmp_path / "old.yaml"
     old.write_text(yaml.safe_dump(cfg, sort_keys=False))
-    line = old.read_text().splitlines().index("draft:") + 1  # the section holding it
+    line = old.read_text().splitlines().index("  layer_style: qwen3") + 1
     result = CliRunner().invoke(train_draft_app, ["-c", str(old)])
     assert result.exit_code == 2, result.output
     # the CLI's config error: its heading, then one line per error
     assert result.output.startswith("error: invalid config:\n"), result.output
     errors = result.output.strip().splitlines()[1:]
     assert len(errors) == 1 and errors[0].strip().startswith(f"{old}:{line}: "), result.output
-    assert (
-        f"{old}:{line}: key 'draft': Value error, draft.layer_style moved to draft.qk_norm "
-        "(qwen3 is qk_norm: true" in errors[0]
-    )
+    assert f"{old}:{line}: unknown key 'draft.layer_style'" in errors[0]
     assert "Traceback" not in result.output and not (tmp_path / "out").exists()
 
 
@@ -130,6 +126,21 @@ def test_a_checkpoint_written_with_layer_style_reads_as_qk_norm(tmp_path: Path) 
             old["draft"]["layer_style"] = style
             (tmp_path / "config.yaml").write_text(yaml.safe_dump(old))
             assert stored_config(tmp_path).draft.qk_norm is qk_norm, (algorithm, style)
+
+
+def test_a_checkpoint_written_with_optim_name_and_momentum_still_reads(tmp_path: Path) -> None:
+    """Every checkpoint written before optim.name (adamw | adam | sgd) and optim.momentum
+    went holds both with their defaults (dump_config writes every field): export-draft and
+    resume read them as the AdamW they were; any other value is refused as unknown."""
+    old = yaml.safe_load((REPO / "configs" / "train" / "eagle3-llama-demo.yaml").read_text())
+    old["target"]["path"], old["data"]["train"] = "t", "d"
+    old["optim"] |= {"name": "adamw", "momentum": 0.0, "lr": 2.5e-4}
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(old))
+    assert stored_config(tmp_path).optim.lr == 2.5e-4
+    old["optim"]["name"] = "sgd"
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(old))
+    with pytest.raises(ConfigError, match="unknown key 'optim.name'"):
+        stored_config(tmp_path)
 
 
 @pytest.mark.parametrize("algorithm", QK_NORM)

@@ -222,6 +222,28 @@ def test_a_mismatch_is_one_line_naming_it(
     assert str(FIXTURE) in str(err.value)
 
 
+def test_a_drafter_with_a_layer_no_setting_trains_says_so(
+    llama: FrozenTarget, tmp_path: Path
+) -> None:
+    """norm_before_residual=true (SafeAILab's and speculators' older EAGLE-3 layer) is no
+    setting of this version: the refusal says so instead of naming a setting that does not
+    exist."""
+    other = tmp_path / "other"
+    shutil.copytree(FIXTURE, other)
+    config = json.loads((other / "config.json").read_text())
+    config["norm_before_residual"] = True
+    (other / "config.json").write_text(json.dumps(config))
+    spec = get_draft("eagle3")
+    cfg = run_config("eagle3", llama, f"draft.init_from={other}").draft
+    draft = spec.build(cfg, llama, None)
+    with pytest.raises(ConfigError) as err:
+        warm_start(cfg, spec, draft, llama.description)
+    message = str(err.value)
+    assert "config norm_before_residual is True, this run's draft has False" in message
+    assert "trains only the value vLLM's EAGLE-3 layer has" in message
+    assert "draft.norm_before_residual" not in message and "\n" not in message
+
+
 def test_a_drafter_for_another_target_is_refused(tiny_world: Path, tmp_path: Path) -> None:
     """The fixture's vocabulary (512) against a target with another one."""
     qwen = FrozenTarget.from_pretrained(tiny_world / "targets" / "qwen3" / "fp32", torch.float32)

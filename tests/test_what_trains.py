@@ -1,7 +1,7 @@
 """What trains, by name: for each algorithm, the exact parameters that move after one real
 optimizer step (the project's optimizer on the project's loss), and the exact ones that must
 stay put (the draft's frozen copies of the target's embedding / head, and every target
-weight), written out here by hand from ALGORITHMS.md, never derived from ``requires_grad``."""
+weight), written out here by hand from docs/algorithms/, never derived from ``requires_grad``."""
 
 from __future__ import annotations
 

@@ -7,65 +7,66 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
-from eagle_train.config import StrictModel, refuse_moved_key
+from eagle_train.config import StrictModel
 
 
 class RegenerateConfig(StrictModel):
     """Replace every assistant turn with the target's own response (docs/data-flow.md)."""
 
     enabled: bool = False
-    # The target model directory; None -> the `tokenizer` path (usually the model directory).
+    """Replace every assistant turn with the target's own answer, so the draft learns what the
+    target writes (docs/data.md)."""
     model: Path | None = None
+    """The target model directory; None: the tokenizer path (usually the model directory)."""
     backend: Literal["auto", "vllm", "transformers"] = "auto"
-    # Explicit, because vLLM's "auto" silently turns fp32 checkpoints into bf16.
+    """'vllm' (fast, continuous batching), 'transformers' (no vLLM needed), or 'auto' (vLLM
+    when importable)."""
     dtype: Literal["bfloat16", "float16", "float32"] = "bfloat16"
+    """The target's dtype while regenerating (explicit, because vLLM's 'auto' silently turns
+    fp32 checkpoints into bf16)."""
     max_new_tokens: int = Field(default=1024, gt=0)
-    temperature: float = Field(default=0.0, ge=0.0)  # 0 -> greedy
+    """Tokens generated per assistant turn at most (tokens)."""
+    temperature: float = Field(default=0.0, ge=0.0)
+    """Sampling temperature of the answers (0: greedy)."""
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    """Nucleus sampling's probability mass, when sampling (1: off)."""
     seed: int = 0
-    # Conversations handed to the engine together (their turn-i prompts form one stream it
-    # batches continuously); finished ones are written after each such group.
+    """Sampling seed of the answers (each request's derived from it)."""
     batch_size: int = Field(default=256, gt=0)
-    # Regenerated records (OpenAI JSONL); None -> "<output_dir>.regenerated.jsonl".
+    """Conversations handed to the engine together (their turn-i prompts form one stream it
+    batches continuously); finished ones are written after each such group."""
     output_path: Path | None = None
-    # Keep records already in output_path (by id) and generate only the rest.
+    """Regenerated records (OpenAI JSONL); None -> "<output_dir>.regenerated.jsonl"."""
     resume: bool = True
-    # Prompt + response token limit; None -> max_length of the prepared data. A prompt that
-    # does not fit is a failed record; a response is cut where it reaches the limit.
+    """Keep records already in output_path (by id) and generate only the rest."""
     max_model_len: int | None = Field(default=None, gt=0)
-    # A conversation whose last message is a user turn gets a generated answer appended.
+    """Prompt + response token limit; None -> max_length of the prepared data. A prompt that
+    does not fit is a failed record; a response is cut where it reaches the limit."""
     answer_trailing_user: bool = True
-    # vLLM's KV cache and its concurrency (sequences scheduled at once), sized together so
-    # that every running request fits whole and none is preempted: None for both -> on CPU
-    # CPU_MAX_NUM_SEQS and a cache that holds them, on GPU vLLM's sizing; one set -> the
-    # other follows (eagle_train.engine.preemption_free_size).
+    """A conversation whose last message is a user turn gets a generated answer appended."""
     kv_cache_memory_bytes: int | None = Field(default=None, gt=0)
+    """vLLM's KV cache and its concurrency (sequences scheduled at once), sized together so that
+    every running request fits whole and none is preempted: None for both -> on CPU
+    CPU_MAX_NUM_SEQS and a cache that holds them, on GPU vLLM's sizing; one set -> the other
+    follows (eagle_train.engine.preemption_free_size)."""
     max_num_seqs: int | None = Field(default=None, gt=0)
-    # Several GPUs: engines that each hold the whole target, one per GPU (prompts split
-    # between them; the output equals one engine's), and/or one engine tensor-parallel
-    # over this many GPUs for a target that does not fit on one. Uses dp x tp GPUs.
+    """vLLM's concurrency (sequences scheduled at once); sized with kv_cache_memory_bytes (see
+    there)."""
     data_parallel_size: int = Field(default=1, ge=1)
+    """Engines that each hold the whole target, one per GPU group (prompts split between them;
+    the output equals one engine's)."""
     tensor_parallel_size: int = Field(default=1, ge=1)
+    """GPUs one vLLM engine is split over (tensor parallel), for a target that does not fit on
+    one; uses data_parallel_size x tensor_parallel_size GPUs."""
 
 
 class VocabConfig(StrictModel):
     """The supervised-token counts every prepared dataset carries (the trainer builds a
     draft vocabulary of the draft's configured size from them)."""
 
-    # Target vocab size V (length of the counts); None -> the model's config.json, else
-    # len(tokenizer).
     target_vocab_size: int | None = Field(default=None, gt=0)
-
-    @model_validator(mode="before")
-    @classmethod
-    def _size_moved(cls, data: Any) -> Any:
-        return refuse_moved_key(
-            data,
-            "draft_vocab_size",
-            "vocab.draft_vocab_size moved to the train-draft run config as "
-            "draft.draft_vocab_size (prepare-data now always writes the token counts the "
-            "trainer builds the draft vocabulary from): remove it here",
-        )
+    """The target's vocabulary size V (the length of the token counts); None: the model's
+    config.json, else len(tokenizer)."""
 
 
 class HubDataset(StrictModel):
@@ -73,10 +74,13 @@ class HubDataset(StrictModel):
     a hub id (offline: already in the datasets cache) or a local dataset folder."""
 
     name: str
+    """A hub dataset id (offline: already in the datasets cache) or a local dataset folder."""
     config: str | None = None
+    """The dataset's configuration name (None: its default)."""
     split: str = "train"
-    # Read rows lazily (no full download or cache copy first): for large sets.
+    """The split to read."""
     streaming: bool = False
+    """Read rows lazily (no full download or cache copy first): for large sets."""
 
     @property
     def label(self) -> str:
@@ -88,63 +92,73 @@ class SynthesizeConfig(StrictModel):
     """User prompts sampled from the target itself (no dataset): see ``synthesize.py``."""
 
     enabled: bool = False
+    """Sample user prompts from the target itself (no dataset needed; needs regenerate.enabled
+    for the answers)."""
     num_prompts: int = Field(default=256, gt=0)
-    # Sampling of the user turn; every request gets its own seed (seed + request index).
+    """Prompts to keep (the filters drop some of those sampled)."""
     temperature: float = Field(default=1.0, gt=0.0)
+    """Sampling temperature of the user turns; every request gets its own seed (seed + request
+    index)."""
     top_p: float = Field(default=0.95, gt=0.0, le=1.0)
+    """Nucleus sampling's probability mass of the user turns."""
     seed: int = 0
+    """Sampling seed (request r uses seed + r)."""
     max_new_tokens: int = Field(default=96, gt=0)
-    # Kept prompts have this many words at least / characters at most.
+    """Tokens per sampled user turn at most; a turn cut there is rejected (tokens)."""
     min_words: int = Field(default=3, ge=1)
+    """A kept prompt has at least this many words."""
     max_chars: int = Field(default=400, gt=0)
-    # Requests generated together; generation stops once num_prompts are kept or after
-    # max_requests requests.
+    """A kept prompt has at most this many characters."""
     batch_size: int = Field(default=64, gt=0)
-    max_requests: int | None = Field(default=None, gt=0)  # None -> 4 x num_prompts
-    # The system message the opening is rendered with (None: the template's own default).
+    """Requests generated together; generation stops once num_prompts are kept or after
+    max_requests requests."""
+    max_requests: int | None = Field(default=None, gt=0)
+    """Stop sampling after this many requests (None: 4 x num_prompts)."""
     system: str | None = None
-    # Task stems the user turn starts with, for diverse prompts: request r starts with stem
-    # r mod len (the target writes the rest). "builtin": the package's list (stems.py: the
-    # task types of chat benchmarks, writing to coding); a path: a text file, one stem per
-    # line; None: the user turn starts empty.
+    """The system message the opening is rendered with (None: the template's own default)."""
     stems: Literal["builtin"] | Path | None = None
-    # A second user turn for every kept prompt, drawn (seeded) from a list of follow-up
-    # requests; regeneration then answers both turns. "builtin": the package's list
-    # (stems.py: rework the first answer, expand it, ...); a path: one request per line;
-    # None: single-turn conversations.
+    """Task stems the user turn starts with, for diverse prompts: request r starts with stem r
+    mod len (the target writes the rest). "builtin": the package's list (stems.py: the task
+    types of chat benchmarks, writing to coding); a path: a text file, one stem per line;
+    None: the user turn starts empty."""
     follow_ups: Literal["builtin"] | Path | None = None
-    # Passage tasks instead of sampled user turns: a JSONL of conversations (e.g. an earlier
-    # prepare-data's regenerated file); prompt k is passage task k mod len, a blank line and
-    # the first assistant answer (of passage_min_words words at least) of the k-th
-    # conversation there that has one, in file order. No sampling: the target then answers
-    # a text it wrote itself, repeating its words (passages.py).
-    passages: Path | None = None
-    passage_tasks: Literal["builtin"] | Path = "builtin"
-    passage_min_words: int = Field(default=30, ge=1)
-    # Written as OpenAI JSONL (one user turn each); None -> "<output_dir>.prompts.jsonl".
+    """A second user turn for every kept prompt, drawn (seeded) from a list of follow-up
+    requests; regeneration then answers both turns. "builtin": the package's list (stems.py:
+    rework the first answer, expand it, ...); a path: one request per line; None: single-turn
+    conversations."""
     output_path: Path | None = None
+    """Where the prompts are written, as OpenAI JSONL; None: '<output_dir>.prompts.jsonl'."""
 
 
 class PrepareDataConfig(StrictModel):
-    # Local inputs (JSONL, parquet, arrow, saved dataset dirs) and/or datasets by id.
     inputs: list[Path] = []
+    """Local inputs: OpenAI or ShareGPT JSONL, parquet, arrow, saved dataset directories."""
     datasets: list[HubDataset] = []
+    """Datasets read with datasets.load_dataset, by hub id or local folder."""
     synthesize: SynthesizeConfig = SynthesizeConfig()
+    """User prompts sampled from the target itself, when there is no dataset."""
     output_dir: Path
-    # An HF tokenizer directory, or the target model directory (which holds its tokenizer).
+    """Where the prepared dataset is written (rows, meta.json, token counts)."""
     tokenizer: Path
-    # A .jinja file that replaces the tokenizer's chat template.
+    """An HF tokenizer directory, or the target model directory (which holds its tokenizer)."""
     chat_template: Path | None = None
-    # Extra template variables for every rendering, as at serving time (e.g. enable_thinking).
+    """A .jinja file that replaces the tokenizer's chat template."""
     chat_template_kwargs: dict[str, Any] = {}
+    """Extra template variables for every rendering, as at serving time (e.g. enable_thinking).
+    """
     max_length: int = Field(default=2048, gt=0)
+    """Tokens per prepared row at most: longer conversations are cut there (tokens)."""
     on_bad_record: Literal["error", "skip"] = "error"
-    # Read at most this many records (valid or not) from the inputs, in order.
+    """A malformed record: 'error' stops with its file and line; 'skip' counts it and goes on.
+    """
     limit: int | None = Field(default=None, gt=0)
-    # Replace an existing output_dir (otherwise an existing one is an error).
+    """Read at most this many records (valid or not) from the inputs, in order."""
     overwrite: bool = False
+    """Replace an existing output_dir (otherwise an existing one is an error)."""
     regenerate: RegenerateConfig = RegenerateConfig()
+    """The target rewrites the assistant turns."""
     vocab: VocabConfig = VocabConfig()
+    """The supervised-token counts the trainer builds the draft vocabulary from."""
 
     @model_validator(mode="after")
     def _some_input(self) -> PrepareDataConfig:

@@ -25,7 +25,6 @@ from eagle_train.data.chat import ChatRenderer
 from eagle_train.data.config import HubDataset, PrepareDataConfig
 from eagle_train.data.errors import BadRecordPolicy, DataError
 from eagle_train.data.generation import GenerationBackend, GenerationSettings
-from eagle_train.data.passages import passage_prompts
 from eagle_train.data.records import (
     Record,
     RecordReader,
@@ -104,9 +103,6 @@ def prepare_data(cfg: PrepareDataConfig) -> PrepareReport:
     missing = [str(p) for p in cfg.inputs if not p.exists()]
     if missing:
         raise DataError(f"inputs not found: {', '.join(missing)}", reason="config")
-    passages = cfg.synthesize.passages
-    if passages is not None and not passages.is_file():
-        raise DataError(f"synthesize.passages: {passages}: file not found", reason="config")
     tokenizer = load_tokenizer(cfg.tokenizer)
     renderer = ChatRenderer(tokenizer, _read_template(cfg.chat_template), cfg.chat_template_kwargs)
     # The trainer builds the draft vocabulary (of the draft's configured size) from these.
@@ -280,14 +276,11 @@ def run_regeneration(
 def run_synthesis(
     cfg: PrepareDataConfig, renderer: ChatRenderer, backend: GenerationBackend
 ) -> SynthesisReport:
-    """The user prompts: sampled from the target, or passage tasks (``synthesize.passages``)."""
+    """The user prompts, sampled from the target."""
     path = synthesized_path(cfg)
     start = time.perf_counter()
-    if cfg.synthesize.passages is not None:
-        report = passage_prompts(cfg.synthesize, path)
-    else:
-        stop_ids = regeneration_plan(cfg, renderer).stop_token_ids
-        report = synthesize_prompts(renderer, backend, cfg.synthesize, stop_ids, path)
+    stop_ids = regeneration_plan(cfg, renderer).stop_token_ids
+    report = synthesize_prompts(renderer, backend, cfg.synthesize, stop_ids, path)
     report.seconds = time.perf_counter() - start
     return report
 

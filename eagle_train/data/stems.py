@@ -10,10 +10,6 @@
   (shorten it, rewrite it for someone else, list it) is where a chat's text repeats its own
   context, which a drafter trained on single turns never sees. They are written here, not
   taken from any benchmark.
-- Passage tasks open user turns that hand the target a text to work on
-  (``synthesize.passages``): extract from it, reformat it, shorten it. The answer repeats
-  words of the text, the in-context copying that chat prompts with a pasted text ask for and
-  that self-written user turns (one or two sentences) almost never hold.
 """
 
 from __future__ import annotations
@@ -106,26 +102,6 @@ FOLLOW_UPS = (
 )
 
 
-PASSAGE_TASKS = (
-    "Extract every name, place and number mentioned in the text below.",
-    "Summarize the following text in two sentences.",
-    "List the main points of this text as bullet points.",
-    "Rewrite the following text in a more formal tone.",
-    "Correct any mistakes in the text below and return the corrected text.",
-    "Put the key facts of the following text into JSON.",
-    "What is the main idea of this text? Quote the sentence that states it.",
-    "Give the text below a title and repeat it with the title on top.",
-    "Identify the key terms in the following text and define each one.",
-    "Turn the following text into a numbered list.",
-    "Make a table of the people, places and things in the text below.",
-    "Shorten the following text to half its length, keeping its wording where you can.",
-    "Rewrite the text below for a ten-year-old.",
-    "Write three questions that the following text answers, each with its answer.",
-    "Find the sentences in this text that give a reason and list them.",
-    "Continue the following text with one more paragraph.",
-)
-
-
 def load_stems(source: str | Path | None) -> tuple[str, ...]:
     """The stems ``synthesize.stems`` names (empty for None)."""
     return load_lines(source, BUILTIN, "synthesize.stems", "stem")
@@ -134,11 +110,6 @@ def load_stems(source: str | Path | None) -> tuple[str, ...]:
 def load_follow_ups(source: str | Path | None) -> tuple[str, ...]:
     """The follow-up requests ``synthesize.follow_ups`` names (empty for None)."""
     return load_lines(source, FOLLOW_UPS, "synthesize.follow_ups", "follow-up request")
-
-
-def load_passage_tasks(source: str | Path) -> tuple[str, ...]:
-    """The passage tasks ``synthesize.passage_tasks`` names."""
-    return load_lines(source, PASSAGE_TASKS, "synthesize.passage_tasks", "passage task")
 
 
 def load_lines(

@@ -137,11 +137,9 @@ def write_prompts(
     prompts: list[str],
     follow_ups: tuple[str, ...],
     cfg: SynthesizeConfig,
-    prefix: str = "synth",
 ) -> None:
     """The prompts as OpenAI JSONL (temp + fsync + rename), each with a follow-up drawn from
-    ``follow_ups`` (none if empty); ids are ``<prefix>-<index>``, distinct per kind so that
-    both kinds can be prepared together."""
+    ``follow_ups`` (none if empty); ids are ``synth-<index>``."""
     rng = random.Random(cfg.seed)
     seconds = [rng.choice(follow_ups) for _ in prompts] if follow_ups else None
     system = cfg.system
@@ -154,7 +152,7 @@ def write_prompts(
             if seconds is not None:
                 messages.append({"role": "assistant", "content": ""})
                 messages.append({"role": "user", "content": seconds[i]})
-            f.write(json.dumps({"id": f"{prefix}-{i:06d}", "messages": messages}) + "\n")
+            f.write(json.dumps({"id": f"synth-{i:06d}", "messages": messages}) + "\n")
         f.flush()
         os.fsync(f.fileno())
     tmp.rename(path)

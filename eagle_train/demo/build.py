@@ -44,14 +44,24 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 class DemoConfig(StrictModel):
     seed: int = 0
+    """Seed of the corpus and of each target's initialisation and pretraining: the same seed
+    builds the same world."""
     vocab_size: int = 2048
+    """The demo tokenizer's vocabulary size (tokens)."""
     num_tasks: int = 3000
+    """Synthetic task chats (reverse words, sort numbers, upper-case, add) in the corpus."""
     max_stdlib_pairs: int = 3000
+    """Chats made from Python standard-library functions (docstring -> code) at most."""
     max_stdlib_files: int | None = None
+    """Standard-library files read for them at most (None: all)."""
     val_fraction: float = Field(0.05, gt=0, lt=1)
+    """Share of the chats held out as data/val.jsonl."""
     families: list[Family] = ["llama", "qwen3"]
+    """Which demo targets to build: a Llama and/or a Qwen3."""
     shape: TargetShape = TargetShape()
+    """The demo targets' architecture (both families share it)."""
     pretrain: PretrainConfig = PretrainConfig()
+    """How the demo targets are pretrained on the corpus."""
 
 
 def target_dir(world: str | Path, family: Family, dtype: str = "bf16") -> Path:

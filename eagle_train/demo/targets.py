@@ -33,19 +33,31 @@ Family = Literal["llama", "qwen3"]
 
 class TargetShape(StrictModel):
     hidden_size: int = 128
+    """The demo targets' hidden size."""
     intermediate_size: int = 384
+    """The MLP's inner size."""
     num_hidden_layers: int = 4
+    """Decoder layers (4: vLLM's default EAGLE-3 aux layers collide below 7, so the demo
+    configs set draft.aux_layer_ids)."""
     num_attention_heads: int = 4
+    """Query heads per layer."""
     num_key_value_heads: int = 2
+    """Key/value heads per layer (grouped-query attention)."""
     max_position_embeddings: int = 2048
+    """The longest context the targets are configured for (tokens)."""
 
 
 class PretrainConfig(StrictModel):
     steps: int = 400
+    """Pretraining steps of each demo target on the demo corpus."""
     batch_size: int = 16
+    """Sequences per pretraining step."""
     seq_len: int = 256
+    """Tokens per pretraining sequence (the corpus is packed into them)."""
     lr: float = 3e-3
+    """Pretraining's peak learning rate (AdamW)."""
     warmup_steps: int = 20
+    """Pretraining's linear warm-up steps."""
 
 
 def target_config(

@@ -29,7 +29,8 @@ from eagle_train.target_model import TargetDescription
 log = logging.getLogger(__name__)
 
 # config.json keys that fix the draft's structure, each with the run setting that sets it
-# (None: the target's) and vLLM's value when a drafter's config leaves it out.
+# (None: the target's; FIXED: no setting, every draft of this version has vLLM's value) and
+# vLLM's value when a drafter's config leaves it out.
 _STRUCTURE: dict[str, tuple[str | None, Any]] = {
     "hidden_size": (None, None),
     "target_hidden_size": (None, None),
@@ -43,7 +44,7 @@ _STRUCTURE: dict[str, tuple[str | None, Any]] = {
     "model_type": ("draft.qk_norm (true: qwen3, false: llama)", "llama"),
     "eagle_aux_hidden_state_layer_ids": ("draft.aux_layer_ids", None),
     "num_aux_hidden_states": ("draft.aux_layer_ids", None),
-    "norm_before_residual": ("draft.norm_before_residual", False),
+    "norm_before_residual": ("FIXED", False),
     "norm_before_fc": ("draft.norm_before_fc", False),
     "fc_norm": ("draft.fc_norm", False),
     "norm_output": ("draft.norm_output", False),
@@ -182,7 +183,14 @@ def check_drafter(
             theirs = list(target.default_aux_layer_ids)  # vLLM's default for the target
         if mine is None or theirs == mine:
             continue
-        fix = f"set {setting}" if setting else "the drafter was made for another target"
+        fix = (
+            "this version trains only the value vLLM's EAGLE-3 layer has; the drafter "
+            "cannot be continued"
+            if setting == "FIXED"
+            else f"set {setting}"
+            if setting
+            else "the drafter was made for another target"
+        )
         raise _fail(
             drafter.path, f"config {key} is {theirs!r}, this run's draft has {mine!r} ({fix})"
         )

@@ -23,10 +23,15 @@ class Sampling(StrictModel):
     ``sim_accept_len_sampled`` of validation."""
 
     temperature: float = Field(default=0.0, ge=0)
-    top_p: float = Field(default=1.0, gt=0, le=1)  # 1: off
-    top_k: int | None = Field(default=None, ge=1)  # None: off
-    # The run's seed, each request's derived from it; refused at temperature 0 like top_p/top_k.
+    """Sampling temperature of every request: 0 decodes greedily (the default and what the
+    results pages report); above 0 vLLM verifies the drafts by rejection sampling."""
+    top_p: float = Field(default=1.0, gt=0, le=1)
+    """Nucleus sampling's probability mass, when sampling (1: off)."""
+    top_k: int | None = Field(default=None, ge=1)
+    """Sample among the k most likely tokens, when sampling (None: off)."""
     seed: int = Field(default=0, ge=0)
+    """The run's sampling seed, each request's derived from it with its prompt id and turn;
+    refused at temperature 0 like top_p and top_k."""
 
     @model_validator(mode="after")
     def _sampled_only(self) -> Sampling:
@@ -42,43 +47,63 @@ class Sampling(StrictModel):
 
 
 class AcceptanceSettings(Sampling):
-    prompts: str = "mt_bench"  # or a JSONL of prompts/messages
-    num_prompts: int | None = Field(default=None, ge=1)  # the first N prompts; None: all
-    turns: Literal[1, 2] = 2  # 1: first turn only; 2: both turns
+    prompts: str = "mt_bench"
+    """The prompts: 'mt_bench' (the 80 MT-Bench questions shipped with the package, two turns
+    each) or a JSONL file of prompts or chat messages."""
+    num_prompts: int | None = Field(default=None, ge=1)
+    """Measure the first N prompts (None: all)."""
+    turns: Literal[1, 2] = 2
+    """1: first turns only; 2: both turns (turn 2's context holds the target alone's first
+    answer)."""
     max_new_tokens: int = Field(default=256, ge=1)
-    num_speculative_tokens: int | None = Field(default=None, ge=1)  # None: the export's own
-    # None: the longest request of the prompt set (evaluate/engine_choice.py), within the
-    # target's own limit.
+    """New tokens generated per request (tokens)."""
+    num_speculative_tokens: int | None = Field(default=None, ge=1)
+    """Tokens drafted per step, K (None: the export's own, the K it was trained for)."""
     max_model_len: int | None = Field(default=None, ge=16)
-    # None: vLLM sizes the cache on GPU; on CPU one max_model_len request (engine_choice.py).
+    """vLLM's context limit per request (tokens). None: the longest request of the prompt set
+    plus max_new_tokens and K, within the target's own limit (evaluate/engine_choice.py)."""
     kv_cache_memory_bytes: int | None = Field(default=None, gt=0)
+    """vLLM's KV cache size (bytes). None: vLLM sizes the cache on GPU; on CPU one
+    max_model_len request of the target, twice over, at least the engine's default
+    (evaluate/engine_choice.py)."""
     ignore_eos: bool = False
+    """Keep generating past the end-of-sequence token up to max_new_tokens (every request then
+    has the same length)."""
 
 
 class EvalSettings(AcceptanceSettings):
     """The ``eval-acceptance`` config."""
 
     target: Path
+    """The target model directory vLLM serves (--target)."""
     drafters: list[Path] = Field(min_length=1)
-    dtype: Literal["bfloat16", "float16", "float32"] = "bfloat16"  # explicit, never "auto"
-    baseline: bool = True  # also run the target alone (needed for speedup and for turn 2)
+    """Drafter directories in any layout vLLM serves (export-draft output, speculators',
+    SafeAILab's, z-lab's; docs/serving-and-evaluation.md), or 'ngram' for vLLM's n-gram
+    proposer; paired statistics compare each with the first (--draft, repeatable)."""
+    dtype: Literal["bfloat16", "float16", "float32"] = "bfloat16"
+    """The target's and the drafters' dtype in vLLM (explicit: vLLM's "auto" would pick
+    the checkpoint's)."""
+    baseline: bool = True
+    """Also run the target alone (needed for the speedup and for turn 2's context)."""
     output_dir: Path = Path("runs/eval")
-    # Template variables for the prompts, as the server runs them (e.g. enable_thinking).
+    """Where the per-prompt records, summary.json/.md and acceptance.png go (--out)."""
     chat_template_kwargs: dict[str, Any] = {}
-    # Requests per measurement round: the target alone and each drafter take turns round by
-    # round (each engine in its own process), so a load change hits both sides of a round.
+    """Template variables for the prompts, as the server runs them (e.g. enable_thinking)."""
     round_size: int = Field(default=8, ge=1)
-    # False: acceptance only - the target alone runs once (turn 2's context, greedy
-    # equality), then each drafter once; no interleaved speedup (about half the serving).
+    """Requests per measurement round: the target alone and each drafter take turns round by
+    round (each engine in its own process), so a load change hits both sides of a round."""
     interleave: bool = True
-    # vLLM's GPU memory share per engine; None: 0.9 split between the engines alive at once.
+    """False: acceptance only - the target alone runs once (turn 2's context, greedy equality),
+    then each drafter once; no interleaved speedup (about half the serving)."""
     gpu_memory_utilization: float | None = Field(default=None, gt=0, le=1)
-    # Sampled runs (temperature > 0): every engine also serves the same requests greedily
-    # (a second pass, about twice the serving), and the report puts the two side by side.
+    """vLLM's GPU memory share per engine; None: 0.9 split between the engines alive at once."""
     beside_greedy: bool = True
-    # Measure a drafter whose recorded target (the verifier it names, the architecture and
-    # sizes its provenance records) differs from --target; false: refused before any engine.
+    """Sampled runs (temperature > 0): every engine also serves the same requests greedily (a
+    second pass, about twice the serving), and the report puts the two side by side."""
     allow_other_target: bool = False
+    """Measure a drafter whose recorded target (the verifier it names; the architecture,
+    layers and hidden size its provenance records) differs from --target; false: refused in
+    one line before any engine starts."""
 
     @model_validator(mode="after")
     def _beside_greedy_when_sampling(self) -> EvalSettings:
@@ -104,6 +129,10 @@ class TrainAcceptance(AcceptanceSettings):
     first turns (turn 2 needs the target-alone answers, which the probe does not serve), and by
     default a small prompt set, so a measurement costs little training time."""
 
-    every: int | None = Field(default=None, ge=1)  # None: never
+    every: int | None = Field(default=None, ge=1)
+    """Serve the draft every this many training steps, and at the end (None: never)."""
     turns: Literal[1] = 1
+    """First turns only (turn 2 needs the target-alone answers, which the probe does not
+    serve)."""
     num_prompts: int | None = Field(default=16, ge=1)
+    """Prompts per probe (a small set, so a measurement costs little training time)."""

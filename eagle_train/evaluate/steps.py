@@ -1,4 +1,5 @@
-"""Tokens per target forward step: the fair comparison across proposers (ALGORITHMS.md).
+"""Tokens per target forward step: the fair comparison across proposers
+(docs/serving-and-evaluation.md).
 
 AL over drafted steps (1 + accepted / drafts) leaves out the decode steps on which a proposer
 drafted nothing, so a proposer that skips steps (vLLM's n-gram) is overstated by it. Per

@@ -22,26 +22,18 @@ OPT_OUT = "optim.fp32_master_weights=false"
 def create_optimizer(model: nn.Module, cfg: OptimConfig) -> torch.optim.Optimizer:
     """Build the run's optimizer over ``model``'s trainable parameters.
 
-    With ``cfg.fp32_master_weights`` (the default) this is a ``MasterWeightAdamW``
-    (``name="adam"`` gives its L2-decay variant); any other optimizer then is a
-    ``ValueError`` naming the opt-out. With the flag off the plain torch optimizer trains
-    the params in their own dtype.
+    AdamW, as every peer trains drafts. With ``cfg.fp32_master_weights`` (the default) this
+    is a ``MasterWeightAdamW``; with the flag off torch's AdamW trains the params in their own
+    dtype.
     """
     groups = build_param_groups(model, cfg.weight_decay)
     if cfg.fp32_master_weights:
-        if cfg.name not in ("adamw", "adam"):
-            raise ValueError(
-                f"optim.name={cfg.name!r} has no fp32 master-weight implementation; only "
-                "adamw/adam do. Use optim.name=adamw, or opt out of fp32 master weights with "
-                f"{OPT_OUT} (the draft then trains in its storage dtype: lower quality)."
-            )
         return MasterWeightAdamW(
             groups,
             lr=cfg.lr,
             betas=cfg.betas,
             eps=cfg.eps,
             weight_decay=cfg.weight_decay,
-            decoupled_weight_decay=cfg.name == "adamw",
             implementation=cfg.kernel(),
         )
     if cfg.kernel() == "compiled":
@@ -50,10 +42,7 @@ def create_optimizer(model: nn.Module, cfg: OptimConfig) -> torch.optim.Optimize
             "use optim.implementation=fused or foreach"
         )
     kernel = {"fused": True} if cfg.kernel() == "fused" else {"foreach": True}
-    if cfg.name == "sgd":
-        return torch.optim.SGD(groups, lr=cfg.lr, momentum=cfg.momentum, **kernel)
-    optimizer = torch.optim.AdamW if cfg.name == "adamw" else torch.optim.Adam
-    return optimizer(groups, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, **kernel)
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, **kernel)
 
 
 def build_param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:

@@ -4,11 +4,16 @@ hand-computed values."""
 from __future__ import annotations
 
 import importlib.util
+import sys
 from pathlib import Path
 
 import pytest
 import torch
-from ab import norm_gain_stats, paired_table, table_markdown
+
+RESEARCH = Path(__file__).resolve().parents[2] / "research"
+sys.path.insert(0, str(RESEARCH))  # the tools import each other as plain modules
+
+from ab import norm_gain_stats, paired_table, table_markdown  # noqa: E402
 
 
 def rec(model: str, pid: str, cat: str, drafts: int, accepted: int, new_tokens: int) -> dict:

@@ -13,11 +13,15 @@ import sys
 from pathlib import Path
 
 from conftest import REPO, draft_vocab_sets, prepare_tiny_data
-from copy_diagnosis import copy_rule_counts  # noqa: E402
 from transformers import AutoTokenizer
 from typer.testing import CliRunner
 
 from eagle_train.cli import train_draft_app
+
+RESEARCH = Path(__file__).resolve().parents[2] / "research"
+sys.path.insert(0, str(RESEARCH))  # the tools import each other as plain modules
+
+from copy_diagnosis import copy_rule_counts  # noqa: E402
 
 
 def test_copy_rule_counts_on_a_hand_traced_sequence() -> None:

@@ -4,9 +4,14 @@ tokens per target step counted by hand; bad input is one line and exit code 2.""
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
+
+RESEARCH = Path(__file__).resolve().parents[2] / "research"
+sys.path.insert(0, str(RESEARCH))  # the tools import each other as plain modules
+
 from pair_evals import main  # noqa: E402
 
 

@@ -12,6 +12,9 @@ from safetensors.torch import save_file
 
 REPO = Path(__file__).resolve().parents[2]
 
+RESEARCH = Path(__file__).resolve().parents[2] / "research"
+sys.path.insert(0, str(RESEARCH))  # the tools import each other as plain modules
+
 from vocab_bound import bound_steps  # noqa: E402
 
 
