@@ -306,7 +306,8 @@ def eval_acceptance_app(
     draft: Annotated[
         list[Path] | None,
         typer.Option(
-            help="An exported drafter, or 'ngram' for vLLM's n-gram proposer (repeatable)."
+            help="A drafter directory in any layout vLLM serves (export-draft's, speculators', "
+            "SafeAILab's, z-lab's), or 'ngram' for vLLM's n-gram proposer (repeatable)."
         ),
     ] = None,
     out: Annotated[Path | None, typer.Option(help="Output directory (output_dir).")] = None,
@@ -324,7 +325,6 @@ def eval_acceptance_app(
     from eagle_train.evaluate.harness import run_eval
     from eagle_train.evaluate.report import check_report_dir, to_markdown, write_report
     from eagle_train.evaluate.settings import EvalSettings
-    from eagle_train.model_card import record_acceptance
 
     _start(verbose)
     flags = {"target": target, "drafters": draft or None, "output_dir": out}
@@ -337,10 +337,33 @@ def eval_acceptance_app(
         out = check_report_dir(settings.output_dir, overwrite, inputs)  # before any engine
         run = run_eval(settings)
         summary = write_report(run, out, overwrite)
-    for info in run.drafters:  # the acceptance table goes into each export's model card
-        record_acceptance(info.path, summary)
+    # The drafters are inputs: nothing is written into them (the results are in --out).
     typer.echo(to_markdown(summary))
     typer.echo(f"per-prompt records, summary.json/.md and acceptance.png in {settings.output_dir}")
+
+
+@command("record-acceptance")
+def record_acceptance_app(
+    drafter: Annotated[Path, typer.Argument(help="An export-draft output directory.")],
+    report: Annotated[Path, typer.Argument(help="An eval-acceptance --out directory.")],
+) -> None:
+    """Copy REPORT's results for DRAFTER into the drafter's eagle_train.json and the
+    Acceptance section of its model card; the rest of the card (a section you added
+    included) stays as it is. eval-acceptance itself never writes into a drafter."""
+    from eagle_train.evaluate.report import is_report_dir
+    from eagle_train.model_card import record_acceptance
+
+    _start(False)
+    with _one_line():
+        if not is_report_dir(report):
+            raise UserError(f"{report}: expected an eval-acceptance output (summary.json)")
+        summary = json.loads((report / "summary.json").read_text())
+        if not record_acceptance(drafter, summary):
+            raise UserError(
+                f"{drafter}: not an export-draft output measured in {report / 'summary.json'}"
+                " (or its README.md was not written by eagle-train)"
+            )
+    typer.echo(f"acceptance recorded in {drafter / 'eagle_train.json'} and its README.md")
 
 
 @command("fetch-real-target")

@@ -1,9 +1,11 @@
 """The model card (README.md) of an exported drafter: what it drafts for, how it was trained,
 the exact command that serves it, and the acceptance eval-acceptance measured on it.
 
-The card is rendered from the export's provenance file (``eagle_train.json``), so that
-eval-acceptance can add its table later and re-render it. A README.md that does not start
-with ``MARKER`` was not written by this tool and is never replaced.
+The card is rendered from the export's provenance file (``eagle_train.json``).
+``record-acceptance DRAFTER REPORT`` (an explicit action: eval-acceptance never writes into
+a drafter) copies an evaluation's numbers into it, rewriting only the card's Acceptance
+section. A README.md that does not start with ``MARKER`` was not written by this tool and is
+never replaced.
 """
 
 from __future__ import annotations
@@ -86,21 +88,39 @@ def render_card(provenance: dict[str, Any], drafter_dir: str | Path) -> str:
 
 
 def write_card(drafter_dir: Path, provenance: dict[str, Any]) -> bool:
-    """Write or re-render README.md; False (and a warning) when a README.md that this tool
-    did not write is in the way."""
+    """Write README.md, or in one export-draft wrote only its Acceptance section (everything
+    else, a section the user added included, stays as it is); False (and a warning) when a
+    README.md that this tool did not write is in the way."""
     path = Path(drafter_dir) / CARD_FILE
-    if path.exists() and not path.read_text().startswith(MARKER):
+    if not path.exists():
+        atomic_write_text(path, render_card(provenance, drafter_dir))
+        return True
+    text = path.read_text()
+    if not text.startswith(MARKER):
         log.warning("%s was not written by eagle-train: left as it is", path)
         return False
-    atomic_write_text(path, render_card(provenance, drafter_dir))
+    atomic_write_text(path, with_acceptance(text, provenance.get("acceptance")))
     return True
+
+
+def with_acceptance(card: str, acceptance: dict[str, Any] | None) -> str:
+    """``card`` with its "## Acceptance" section (up to the next "## " heading) holding
+    ``acceptance``; appended at the end when the card has none. Nothing else changes."""
+    section = "\n".join(["## Acceptance", "", *_acceptance_lines(acceptance)]) + "\n"
+    lines = card.splitlines(keepends=True)
+    start = next((i for i, line in enumerate(lines) if line.rstrip() == "## Acceptance"), None)
+    if start is None:
+        return card.rstrip("\n") + "\n\n" + section
+    end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("## ")), None)
+    tail = "" if end is None else "\n" + "".join(lines[end:])
+    return "".join(lines[:start]) + section + tail
 
 
 def _acceptance_lines(acceptance: dict[str, Any] | None) -> list[str]:
     if not acceptance:
         return [
-            "Not measured yet: `eval-acceptance --target TARGET --draft THIS_DIR` adds the "
-            "table here."
+            "Not recorded here: `eval-acceptance --target TARGET --draft THIS_DIR --out REPORT` "
+            "measures it and writes the tables to REPORT (it never writes into the drafter)."
         ]
     lines = [
         f"Measured by eval-acceptance on {acceptance['prompts']} (turns {acceptance['turns']}, "
@@ -133,12 +153,25 @@ def _acceptance_lines(acceptance: dict[str, Any] | None) -> list[str]:
 
 
 def record_acceptance(drafter_dir: str | Path, summary: dict[str, Any]) -> bool:
-    """Store eval-acceptance's numbers for this drafter in its provenance file and re-render
-    its card. False when the directory is not an eagle-train export (nothing is touched)."""
+    """Store eval-acceptance's numbers for this drafter (matched by resolved path) in its
+    provenance file and its card's Acceptance section: ``record-acceptance``, an explicit
+    action (eval-acceptance never writes into a drafter). False when the directory is not an
+    eagle-train export or not in ``summary`` (nothing is touched)."""
     drafter_dir = Path(drafter_dir)
     provenance_path = drafter_dir / PROVENANCE_FILE
-    mine = summary["drafters"].get(str(drafter_dir))
+    mine = next(
+        (
+            row
+            for name, row in summary["drafters"].items()
+            if name != "ngram" and Path(name).resolve() == drafter_dir.resolve()
+        ),
+        None,
+    )
     if mine is None or not provenance_path.is_file():
+        return False
+    card = drafter_dir / CARD_FILE
+    if card.exists() and not card.read_text().startswith(MARKER):
+        log.warning("%s was not written by eagle-train: nothing recorded", card)
         return False
     provenance = json.loads(provenance_path.read_text())
     provenance["acceptance"] = {
@@ -149,7 +182,14 @@ def record_acceptance(drafter_dir: str | Path, summary: dict[str, Any]) -> bool:
         "sampling": summary.get("sampling", {}),  # absent from summaries before it
         **mine,
     }
-    beside = summary.get("sampled_vs_greedy", {}).get(str(drafter_dir))
+    beside = next(
+        (
+            row
+            for name, row in summary.get("sampled_vs_greedy", {}).items()
+            if name != "ngram" and Path(name).resolve() == drafter_dir.resolve()
+        ),
+        None,
+    )
     if beside:
         provenance["acceptance"]["sampled_vs_greedy"] = beside
     atomic_write_text(provenance_path, json.dumps(provenance, indent=2) + "\n")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -174,7 +175,7 @@ def test_export_from_checkpoint_cli(tiny_world: Path, tiny_llama_data: Path, tmp
     target_path = tiny_world / "targets" / "llama" / "bf16"
     assert f"vllm serve {target_path} --speculative-config" in card
     assert f'"model": "{out.resolve()}"' in card and "| training steps | 2 of 2 |" in card
-    assert "| K (tokens drafted per step) | 3 |" in card and "Not measured yet" in card
+    assert "| K (tokens drafted per step) | 3 |" in card and "Not recorded here" in card
     tensors = load_file(str(out / "model.safetensors"))
     assert tensors["d2t"].dtype == torch.int64
     assert all(t.dtype == torch.bfloat16 for n, t in tensors.items() if n != "d2t")
@@ -247,9 +248,46 @@ def test_model_card_gets_the_acceptance_table(tmp_path: Path) -> None:
     assert "| coding | 4 | 2.125 | 3.125 | 12.5 | 1.50x |" in card
     assert "| math | 2 | - | 1.500 | 9.0 | - |" in card
     assert "| **overall** | 4 | 2.125 | 2.345 | 12.5 | 1.50x |" in card
-    assert "Not measured" not in card
+    assert "Not recorded here" not in card
     assert json.loads((out / "eagle_train.json").read_text())["acceptance"]["turns"] == 1
     # A README.md someone else wrote is never replaced.
     (out / "README.md").write_text("my own card\n")
     assert not record_acceptance(out, _summary(out))
     assert (out / "README.md").read_text() == "my own card\n"
+
+
+def test_record_acceptance_keeps_what_the_user_wrote(tmp_path: Path) -> None:
+    """record-acceptance DRAFTER REPORT: an explicit action that rewrites only the card's
+    Acceptance section; a section the user added (before or after it) stays byte for byte."""
+    from typer.testing import CliRunner
+
+    from eagle_train.cli import record_acceptance_app
+
+    cfg, spec, target, state = small_drafter()
+    target.model.save_pretrained(tmp_path / "target")
+    cfg = cfg.model_copy(
+        update={"target": cfg.target.model_copy(update={"path": tmp_path / "target"})}
+    )
+    out = export_state(state, cfg, tmp_path / "d", {"step": 7})
+    card = (out / "README.md").read_text()
+    head, _, _ = card.partition("## Acceptance")
+    mine_before = "## My benchmark\n\nmeasured on our traffic: 2.9\n\n"
+    mine_after = "\n## Licence notes\n\nsee LICENSE\n"
+    (out / "README.md").write_text(head + mine_before + card[len(head) :] + mine_after)
+    report = tmp_path / "report"
+    report.mkdir()
+    (report / "summary.json").write_text(json.dumps(_summary(out)))
+    (report / "per_prompt.jsonl").write_text("")
+    result = CliRunner().invoke(record_acceptance_app, [str(out), str(report)])
+    assert result.exit_code == 0, result.output
+    text = (out / "README.md").read_text()
+    assert text.startswith(head + mine_before + "## Acceptance\n")
+    assert text.endswith(mine_after)
+    assert "| coding | 4 | 2.125 | 3.125 | 12.5 | 1.50x |" in text
+    assert "Not recorded here" not in text
+    # A report that did not measure this drafter: one line, nothing written.
+    other = tmp_path / "other"
+    (report / "summary.json").write_text(json.dumps({**_summary(out), "drafters": {}}))
+    shutil.copytree(out, other)
+    result = CliRunner().invoke(record_acceptance_app, [str(other), str(report)])
+    assert result.exit_code == 2 and "not an export-draft output measured in" in result.output

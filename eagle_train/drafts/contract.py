@@ -1,11 +1,10 @@
-"""An exported drafter directory as vLLM reads it: the exporter's provenance file (how to
-serve it) and the check of its config and tensors against vLLM's contract for a target.
-Shared by the exporter (before writing) and the evaluation (before an engine starts)."""
+"""A drafter directory as vLLM reads it: the exporter's provenance file (how to serve it) and
+the check of its config and tensors against vLLM's contract for a target. Shared by the
+exporter (before writing), the warm start and the evaluation (before an engine starts; any
+layout, read by ``layouts.py``)."""
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -50,19 +49,3 @@ def contract_problems(
         elif name == "d2t" and dtype != torch.int64:
             problems.append("d2t must be int64 offsets")
     return problems
-
-
-def native_config(drafter_dir: str | Path) -> dict[str, Any]:
-    """vLLM's native config of an exported drafter, whichever format its config.json is
-    (a speculators-format export keeps the native one in its provenance file)."""
-    path = Path(drafter_dir)
-    config = json.loads((path / "config.json").read_text())
-    if "speculators_config" not in config:
-        return config
-    provenance = path / PROVENANCE_FILE
-    if provenance.is_file():
-        return json.loads(provenance.read_text())["vllm_config"]
-    raise ValueError(
-        f"{path}: a speculators-format drafter not written by eagle-train (no "
-        f"{PROVENANCE_FILE}): this version validates only its own speculators exports"
-    )

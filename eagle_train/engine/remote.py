@@ -16,7 +16,8 @@ import os
 import signal
 import sys
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 
@@ -57,6 +58,21 @@ def _serve(
             conn.send(("error", traceback.format_exc()))
 
 
+@contextmanager
+def _environment(env: dict[str, str]) -> Iterator[None]:
+    """``env`` in this process's environment for the block (a spawned child inherits it)."""
+    saved = {key: os.environ.get(key) for key in env}
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
 class Remote:
     """``Remote(VllmEngine.create, ...)``: ``call("generate", prompts, sampling)`` runs the
     method in the child; ``submit`` + ``result`` let several remotes work at once."""
@@ -69,7 +85,8 @@ class Remote:
         self.proc = ctx.Process(
             target=_serve, args=(child, factory, args, env or {}, os.getpid()), daemon=True
         )
-        self.proc.start()
+        with _environment(env or {}):  # in place as the child starts: its OpenMP runtime
+            self.proc.start()  # reads OMP_NUM_THREADS when torch loads, before _serve runs
         try:
             self.result()
         except Exception:

@@ -1,5 +1,6 @@
-"""Read an exported drafter directory before any engine starts: its method, K, and whether
-its tensors match vLLM's contract for this target (vLLM itself would not say)."""
+"""Read a drafter directory before any engine starts, in any layout vLLM serves: its method,
+K, whether its tensors match vLLM's contract for this target (vLLM itself would not say), and
+whether the target it names is this one. The drafter is an input: nothing here writes."""
 
 from __future__ import annotations
 
@@ -8,12 +9,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import torch
-from safetensors import SafetensorError, safe_open
-
 from eagle_train.drafts.base import DraftSpec
-from eagle_train.drafts.contract import PROVENANCE_FILE, contract_problems, native_config
-from eagle_train.drafts.registry import identify_drafter
+from eagle_train.drafts.contract import contract_problems
+from eagle_train.drafts.layouts import DrafterLayout, LayoutError, read_layout
 from eagle_train.errors import UserError
 from eagle_train.target_model import TargetDescription
 
@@ -34,6 +32,9 @@ class DrafterInfo:
     num_speculative_tokens: int
     # Further speculative_config keys the export records (e.g. a drafting mode switch).
     extra: dict[str, Any] = field(default_factory=dict)
+    # Where the drafter comes from, as far as it says ("unknown" where it does not): its
+    # layout, the tool that wrote it, the target it names and how that compares.
+    source: dict[str, Any] = field(default_factory=dict)
 
     def speculative_config(self) -> dict[str, Any]:
         return {
@@ -45,8 +46,16 @@ class DrafterInfo:
 
 
 def inspect_drafter(
-    path: str | Path, target: TargetDescription, num_speculative_tokens: int | None = None
+    path: str | Path,
+    target: TargetDescription,
+    num_speculative_tokens: int | None = None,
+    target_dir: str | Path | None = None,
+    allow_other_target: bool = False,
 ) -> DrafterInfo:
+    """The drafter at ``path`` read as vLLM reads it (any layout vLLM serves,
+    ``drafts/layouts.py``), checked against vLLM's contract and against the target it names;
+    DrafterError (one line) before any engine starts. ``allow_other_target`` measures a
+    drafter whose named target differs from ``target`` (same vocabulary and sizes) anyway."""
     if str(path) == NGRAM:
         return DrafterInfo(
             path=Path(NGRAM),
@@ -56,72 +65,111 @@ def inspect_drafter(
             extra=dict(NGRAM_DEFAULTS),
         )
     path = Path(path)
-    _read_json(path / "config.json")  # present and readable
     try:
-        config = native_config(path)  # the native config, also of a speculators export
-    except ValueError as exc:
+        found = read_layout(path)
+    except LayoutError as exc:
         raise DrafterError(str(exc)) from None
-    serving = (
-        _read_json(path / PROVENANCE_FILE).get("serving", {})
-        if (path / PROVENANCE_FILE).is_file()
-        else {}
-    )
-    try:
-        spec = identify_drafter(config, serving.get("method"))
-    except ValueError as exc:
-        raise DrafterError(f"{path}: {exc}") from None
-    weights = path / "model.safetensors"
-    if not weights.is_file():
-        raise DrafterError(f"{path}: no model.safetensors")
-    problems = contract_problems(spec, config, _tensor_shapes(weights), target)
+    problems = contract_problems(found.spec, found.native, found.tensors, target)
+    problems += default_aux_problems(found.native, target)
     if problems:
         raise DrafterError(f"{path}: not servable next to this target:\n  " + "\n  ".join(problems))
-    k = num_speculative_tokens or serving.get("num_speculative_tokens")
+    mismatch = other_target(found, target, target_dir)
+    if mismatch and not allow_other_target:
+        raise DrafterError(
+            f"{path}: {mismatch}; set allow_other_target=true to measure it next to this "
+            "target anyway"
+        )
+    serving = found.serving
+    k = num_speculative_tokens or serving.get("num_speculative_tokens") or _block_k(found)
     if not k:
         raise DrafterError(
-            f"{path}: the export does not record how many tokens it drafts; "
-            "pass --num-speculative-tokens"
+            f"{path}: the drafter does not record how many tokens it drafts; "
+            "pass --set num_speculative_tokens=K"
         )
     extra = {
         key: value
         for key, value in serving.items()
         if key not in ("method", "model", "num_speculative_tokens")
     }
+    source = {
+        "layout": found.layout,
+        "made_by": found.made_by,
+        "verifier": found.verifier.get("name_or_path") or "unknown",
+        "target_check": f"overridden: {mismatch}" if mismatch else "matches",
+        "skipped_tensors": found.skipped,
+    }
     return DrafterInfo(
-        path=path, spec=spec, method=spec.vllm_method, num_speculative_tokens=k, extra=extra
+        path=path,
+        spec=found.spec,
+        method=str(serving["method"]),
+        num_speculative_tokens=int(k),
+        extra=extra,
+        source=source,
     )
 
 
-def _read_json(path: Path) -> dict[str, Any]:
-    if not path.is_file():
-        raise DrafterError(f"{path.parent}: missing {path.name}")
+def default_aux_problems(native: dict[str, Any], target: TargetDescription) -> list[str]:
+    """A fused-layer drafter that names no aux layers (SafeAILab's EAGLE-3) is fed the
+    target's default layers (2, L//2, L-3), each captured once (``gpu_model_runner``), while
+    its fc reads ``num_aux_hidden_states`` of them (3 unless set): on a target of under 8
+    layers the two differ and vLLM fails at the first request."""
+    if "num_aux_hidden_states" not in native or native.get("eagle_aux_hidden_state_layer_ids"):
+        return []
+    if isinstance(native.get("dflash_config"), dict):
+        return []  # DFlash names its layers in dflash_config
+    ids = target.default_aux_layer_ids
+    captured = len(set(ids))
+    if captured == native["num_aux_hidden_states"]:
+        return []
+    return [
+        f"config names no eagle_aux_hidden_state_layer_ids: vLLM then captures this target's "
+        f"default layers {list(ids)}, {captured} distinct, but the drafter's fc reads "
+        f"{native['num_aux_hidden_states']} (add eagle_aux_hidden_state_layer_ids to its "
+        "config.json)"
+    ]
+
+
+def _block_k(found: DrafterLayout) -> int | None:
+    """A DFlash drafter's K from its ``block_size`` (vLLM drafts block_size - 1 tokens)."""
+    block = found.native.get("block_size")
+    return block - 1 if found.spec.name == "dflash" and isinstance(block, int) else None
+
+
+def other_target(
+    found: DrafterLayout, target: TargetDescription, target_dir: str | Path | None
+) -> str | None:
+    """How the target the drafter names differs from ``target`` (None: no difference
+    found, or the drafter names none): the architecture it records, the sizes its provenance
+    records, and the config of a named verifier directory that exists here."""
+    named = found.verifier.get("name_or_path") or "?"
+    archs = found.verifier.get("architectures") or []
+    if archs and target.architecture not in archs:
+        return f"made for {named} ({', '.join(archs)}), the target is a {target.architecture}"
+    recorded = (found.provenance or {}).get("target")
+    if isinstance(recorded, dict):
+        for key, ours in (
+            ("architecture", target.architecture),
+            ("num_layers", target.num_layers),
+            ("hidden_size", target.hidden_size),
+        ):
+            if recorded.get(key) not in (None, ours):
+                return f"made for {named} ({key} {recorded[key]}), the target has {key} {ours}"
+    local = Path(str(named))
+    if target_dir is not None and local.is_dir() and (local / "config.json").is_file():
+        if local.resolve() != Path(target_dir).resolve() and _structure(local) != _structure(
+            Path(target_dir)
+        ):
+            return f"made for {named}, whose config.json differs from the target's"
+    return None
+
+
+def _structure(model_dir: Path) -> dict[str, Any]:
+    """A model's config.json less the keys that name a copy rather than a model (its path,
+    storage dtype, the transformers version that wrote it)."""
     try:
-        data = json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
-        raise DrafterError(f"{path}: malformed JSON: {exc.msg} (line {exc.lineno})") from None
-    if not isinstance(data, dict):
-        raise DrafterError(f"{path}: expected a JSON object")
-    return data
-
-
-_DTYPES = {
-    "I64": torch.int64,
-    "I32": torch.int32,
-    "BOOL": torch.bool,
-    "BF16": torch.bfloat16,
-    "F16": torch.float16,
-    "F32": torch.float32,
-}
-
-
-def _tensor_shapes(path: Path) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
-    """Names, shapes and dtypes from the safetensors header (no tensor data is read)."""
-    out = {}
-    try:
-        with safe_open(str(path), framework="pt") as f:
-            for name in f.keys():  # noqa: SIM118 (safe_open is not a mapping)
-                sl = f.get_slice(name)
-                out[name] = (tuple(sl.get_shape()), _DTYPES.get(sl.get_dtype(), torch.float32))
-    except (SafetensorError, OSError) as exc:  # e.g. a file cut short by an interrupted copy
-        raise DrafterError(f"{path}: not a readable safetensors file ({exc})") from None
-    return out
+        config = json.loads((model_dir / "config.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    for key in ("_name_or_path", "dtype", "torch_dtype", "transformers_version"):
+        config.pop(key, None)
+    return config

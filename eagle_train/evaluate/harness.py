@@ -22,6 +22,7 @@ from eagle_train.engine import VllmEngine
 from eagle_train.engine.remote import Remote
 from eagle_train.engine.vllm_engine import Measured, cuda_available
 from eagle_train.evaluate.drafter import DrafterInfo, inspect_drafter
+from eagle_train.evaluate.engine_choice import RETOKENIZE_SLACK, EngineChoice, choose_engine
 from eagle_train.evaluate.prompts import EvalPrompt, load_prompts
 from eagle_train.evaluate.rounds import Round, interleave
 from eagle_train.evaluate.sampling import request_seed, sampling_params
@@ -52,6 +53,8 @@ class EvalRun:
     # Sampled runs with ``beside_greedy``: the same requests served greedily, in a pass of
     # their own (fresh engines), for the report's side-by-side table.
     greedy: EvalRun | None = None
+    # The engine settings this run chose (engine_choice.py), printed in the report.
+    engine: EngineChoice | None = None
 
 
 def run_eval(settings: EvalSettings) -> EvalRun:
@@ -71,24 +74,47 @@ def _run_one(settings: EvalSettings) -> EvalRun:
         )
     target_config = load_target_description(settings.target, "--target")
     infos = [
-        inspect_drafter(d, target_config, settings.num_speculative_tokens)
+        inspect_drafter(
+            d,
+            target_config,
+            settings.num_speculative_tokens,
+            settings.target,
+            settings.allow_other_target,
+        )
         for d in settings.drafters
     ]
     tokenizer = from_pretrained(AutoTokenizer, settings.target, "--target")
     prompts = load_prompts(settings.prompts, settings.num_prompts)
-    run = EvalRun(settings=settings, drafters=infos)
     kw = settings.chat_template_kwargs
     first = [Request(p, 1, render_turn(tokenizer, p, [], kw)) for p in prompts]
+    second_bound = [
+        len(render_turn(tokenizer, p, [""], kw)) + settings.max_new_tokens + RETOKENIZE_SLACK
+        for p in prompts
+        if settings.turns == 2 and len(p.turns) > 1
+    ]
+    engine = choose_engine(
+        target_dir=settings.target,
+        dtype=settings.dtype,
+        max_position_embeddings=target_config.max_position_embeddings,
+        longest_request=max([len(r.token_ids) for r in first] + second_bound),
+        max_new_tokens=settings.max_new_tokens,
+        max_k=max((i.num_speculative_tokens for i in infos), default=0),
+        max_model_len=settings.max_model_len,
+        kv_cache_memory_bytes=settings.kv_cache_memory_bytes,
+        cuda=cuda_available(),
+    )
+    log.info(engine.line())
+    run = EvalRun(settings=settings, drafters=infos, engine=engine)
     if not settings.baseline:  # drafters alone (acceptance during training): no speed ratio
         for info in infos:
-            with _open(settings, info, alive=1) as engine:
-                _warm_up(engine, first[0], run, str(info.path))
-                _record(run.records, str(info.path), first, engine.measure(first, settings))
+            with _open(run, info, alive=1) as drafter:
+                _warm_up(drafter, first[0], run, str(info.path))
+                _record(run.records, str(info.path), first, drafter.measure(first, settings))
         return run
     if not settings.interleave:
         return _one_after_another(run, tokenizer, prompts, first)
     alive = 2 if infos else 1
-    with _open(settings, None, alive) as target:
+    with _open(run, None, alive) as target:
         _warm_up(target, first[0], run, "target")
         if not infos:
             answers = target.measure(first, settings)
@@ -96,7 +122,7 @@ def _run_one(settings: EvalSettings) -> EvalRun:
             second = _second_turn(tokenizer, prompts, answers, settings)
             _record(run.records, "target", second, target.measure(second, settings))
         for i, info in enumerate(infos):
-            with _open(settings, info, alive) as drafter:
+            with _open(run, info, alive) as drafter:
                 _warm_up(drafter, first[0], run, str(info.path))
                 rounds = run.rounds.setdefault(str(info.path), [])
                 t1 = _interleaved(target, drafter, first, str(info.path), run, i == 0, rounds)
@@ -114,14 +140,14 @@ def _one_after_another(
     settings = run.settings
     # Each engine in a fresh process all the same: vLLM does not survive building many
     # engines in one process (the sixth failed in its kernel registry on CPU).
-    with _open(settings, None, 1, separate=True) as target:
+    with _open(run, None, 1, separate=True) as target:
         _warm_up(target, first[0], run, "target")
         answers = target.measure(first, settings)
         _record(run.records, "target", first, answers)
         second = _second_turn(tokenizer, prompts, answers, settings)
         _record(run.records, "target", second, target.measure(second, settings))
     for info in run.drafters:
-        with _open(settings, info, 1, separate=True) as drafter:
+        with _open(run, info, 1, separate=True) as drafter:
             _warm_up(drafter, first[0], run, str(info.path))
             for requests in (first, second):
                 _record(run.records, str(info.path), requests, drafter.measure(requests, settings))
@@ -185,8 +211,12 @@ class EngineProcess:
     """A ``VllmEngine`` in its own process when two engines must be alive at once
     (``separate``), else in this one."""
 
-    def __init__(self, kwargs: dict[str, Any], separate: bool) -> None:
-        self.engine: Any = Remote(_open_engine, kwargs) if separate else _open_engine(kwargs)
+    def __init__(
+        self, kwargs: dict[str, Any], separate: bool, env: dict[str, str] | None = None
+    ) -> None:
+        self.engine: Any = (
+            Remote(_open_engine, kwargs, env=env) if separate or env else _open_engine(kwargs)
+        )
 
     def _call(self, method: str, *args: Any) -> Any:
         if isinstance(self.engine, Remote):
@@ -217,10 +247,14 @@ def _open_engine(kwargs: dict[str, Any]) -> VllmEngine:
 
 
 def _open(
-    settings: EvalSettings, drafter: DrafterInfo | None, alive: int, separate: bool = False
+    run: EvalRun, drafter: DrafterInfo | None, alive: int, separate: bool = False
 ) -> EngineProcess:
-    """An engine, in its own process when ``alive`` > 1 or ``separate``; on CUDA the
-    ``alive`` engines sharing the GPU split its memory."""
+    """An engine, in its own process when ``alive`` > 1, ``separate`` or the run sets an
+    environment for its engines (CPU threads); on CUDA the ``alive`` engines sharing the GPU
+    split its memory."""
+    settings = run.settings
+    engine = run.engine
+    assert engine is not None  # chosen by _run_one before any engine opens
     share = settings.gpu_memory_utilization
     if share is None and alive > 1 and cuda_available():
         share = 0.9 / alive
@@ -228,12 +262,13 @@ def _open(
         dict(
             model=settings.target,
             dtype=settings.dtype,
-            max_model_len=settings.max_model_len,
-            kv_cache_memory_bytes=settings.kv_cache_memory_bytes,
+            max_model_len=engine.max_model_len,
+            kv_cache_memory_bytes=engine.kv_cache_memory_bytes,
             speculative_config=drafter.speculative_config() if drafter else None,
             gpu_memory_utilization=share,
         ),
         separate=alive > 1 or separate,
+        env=engine.env,
     )
 
 

@@ -7,6 +7,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from eagle_train.evaluate.engine_choice import EngineChoice
 from eagle_train.evaluate.harness import EvalRun
 from eagle_train.evaluate.rounds import speedup_summary
 from eagle_train.evaluate.sampling import label
@@ -73,6 +74,7 @@ def summarize(run: EvalRun) -> dict[str, Any]:
             "speedup": speedup_summary(run.rounds.get(name, []), overall["tokens_per_target_step"]),
             "greedy_equal_to_target": _greedy_equal(rows, target) if greedy else None,
             "reproducible": run.reproducible.get(name),
+            "source": info.source,  # layout, writer, named target ("unknown" where unsaid)
         }
     summary = {
         "target": str(run.settings.target),
@@ -86,6 +88,7 @@ def summarize(run: EvalRun) -> dict[str, Any]:
         "baseline_tokens_per_s": baseline_tps,
         "drafters": drafters,
         "paired": _paired(run, by_model),
+        "engine": run.engine.to_dict() if run.engine else None,  # engine_choice.py
     }
     if run.greedy is not None:
         summary["greedy"] = summarize(run.greedy)
@@ -214,6 +217,7 @@ def to_markdown(summary: dict[str, Any], title: str = "Acceptance length") -> st
         "",
         f"Target alone: {summary['baseline_tokens_per_s']:.1f} tokens/s",
         "",
+        *_engine_lines(summary.get("engine")),
     ]
     for name, d in summary["drafters"].items():
         lines += [
@@ -223,6 +227,7 @@ def to_markdown(summary: dict[str, Any], title: str = "Acceptance length") -> st
             "| AL over drafted steps | drafted steps | tokens/s | speedup |",
             "|---|---|---|---|---|---|---|---|",
         ]
+        lines[-2:-2] = _source_lines(d.get("source"))
         turn_rows = (
             [(f"turn {t}", row) for t, row in d["turns"].items()] if len(d["turns"]) > 1 else []
         )
@@ -253,6 +258,23 @@ def to_markdown(summary: dict[str, Any], title: str = "Acceptance length") -> st
             to_markdown(summary["greedy"], "Greedy pass"),
         ]
     return "\n".join(lines) + "\n"
+
+
+def _engine_lines(engine: dict[str, Any] | None) -> list[str]:
+    if not engine:
+        return []
+    return [EngineChoice(**engine).line(), ""]
+
+
+def _source_lines(source: dict[str, Any] | None) -> list[str]:
+    if not source:
+        return []
+    skipped = ", ".join(source.get("skipped_tensors") or []) or "none"
+    return [
+        f"Drafter: {source['layout']} layout, written by {source['made_by']}, for target "
+        f"{source['verifier']} ({source['target_check']}); tensors vLLM skips: {skipped}",
+        "",
+    ]
 
 
 def _beside_greedy_lines(summary: dict[str, Any]) -> list[str]:

@@ -60,10 +60,12 @@ class AcceptanceSettings(Sampling):
     num_speculative_tokens: int | None = Field(default=None, ge=1)
     """Tokens drafted per step, K (None: the export's own, the K it was trained for)."""
     max_model_len: int | None = Field(default=None, ge=16)
-    """vLLM's context limit per request (tokens; None: the target's own limit)."""
+    """vLLM's context limit per request (tokens). None: the longest request of the prompt set
+    plus max_new_tokens and K, within the target's own limit (evaluate/engine_choice.py)."""
     kv_cache_memory_bytes: int | None = Field(default=None, gt=0)
-    """vLLM's KV cache size (bytes). None: vLLM sizes the cache on GPU; on CPU the engine's
-    default (engine/vllm_engine.py)."""
+    """vLLM's KV cache size (bytes). None: vLLM sizes the cache on GPU; on CPU one
+    max_model_len request of the target, twice over, at least the engine's default
+    (evaluate/engine_choice.py)."""
     ignore_eos: bool = False
     """Keep generating past the end-of-sequence token up to max_new_tokens (every request then
     has the same length)."""
@@ -75,7 +77,8 @@ class EvalSettings(AcceptanceSettings):
     target: Path
     """The target model directory vLLM serves (--target)."""
     drafters: list[Path] = Field(min_length=1)
-    """Exported drafters (export-draft output directories), or 'ngram' for vLLM's n-gram
+    """Drafter directories in any layout vLLM serves (export-draft output, speculators',
+    SafeAILab's, z-lab's; docs/serving-and-evaluation.md), or 'ngram' for vLLM's n-gram
     proposer; paired statistics compare each with the first (--draft, repeatable)."""
     dtype: Literal["bfloat16", "float16", "float32"] = "bfloat16"
     """The target's and the drafters' dtype in vLLM (explicit: vLLM's "auto" would pick
@@ -97,6 +100,10 @@ class EvalSettings(AcceptanceSettings):
     beside_greedy: bool = True
     """Sampled runs (temperature > 0): every engine also serves the same requests greedily (a
     second pass, about twice the serving), and the report puts the two side by side."""
+    allow_other_target: bool = False
+    """Measure a drafter whose recorded target (the verifier it names; the architecture,
+    layers and hidden size its provenance records) differs from --target; false: refused in
+    one line before any engine starts."""
 
     @model_validator(mode="after")
     def _each_drafter_once(self) -> EvalSettings:

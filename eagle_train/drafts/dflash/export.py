@@ -70,10 +70,15 @@ def vllm_config(
 def expected_tensors(
     config: dict[str, Any],
 ) -> tuple[dict[str, tuple[int, ...]], dict[str, tuple[int, ...]]]:
-    """(required, optional) tensor shapes for ``config``. Nothing is optional: embed_tokens
-    and lm_head are the target's (shipping them would be a copy vLLM compares or keeps),
-    and ``mask_hidden`` makes vLLM's DFlash loader assert."""
+    """(required, optional) tensor shapes for ``config``, as vLLM's DFlash ``load_weights``
+    (``qwen3_dflash.py``) takes them. This project's exports ship the required ones only:
+    embed_tokens and lm_head are the target's. A drafter with a draft vocabulary of its own
+    (``draft_vocab_size`` below the target's, as speculators writes one) needs its lm_head
+    and ``d2t``; an embedding or a full-vocabulary head shipped anyway is the drafter's own
+    (vLLM keeps it). ``mask_hidden`` makes vLLM's DFlash loader assert: never accepted."""
     h, th = config["hidden_size"], config["target_hidden_size"]
+    v = config["vocab_size"]
+    vd = config.get("draft_vocab_size") or v
     n = len(config["dflash_config"]["target_layer_ids"])
     shapes: dict[str, tuple[int, ...]] = {
         "fc.weight": (h, n * th),
@@ -82,7 +87,12 @@ def expected_tensors(
     }
     for i in range(config["num_hidden_layers"]):
         shapes.update(layer_tensors(config, i, qk_norm=True))
-    return shapes, {}
+    optional: dict[str, tuple[int, ...]] = {"embed_tokens.weight": (v, h)}
+    if vd != v:
+        shapes.update({"lm_head.weight": (vd, h), "d2t": (vd,)})
+    else:
+        optional["lm_head.weight"] = (v, h)
+    return shapes, optional
 
 
 def to_vllm(
@@ -117,23 +127,29 @@ def to_vllm(
 
 def from_speculators(config: dict[str, Any]) -> dict[str, Any] | None:
     """The native config of a speculators-format DFlash drafter, as vLLM's speculators
-    loader rebuilds it: ``aux_hidden_state_layer_ids`` ("after k layers") become
-    ``dflash_config.target_layer_ids`` (0-based outputs); None for another type."""
+    loader rebuilds it (``update_dflash`` in ``transformers_utils/configs/speculators``):
+    ``aux_hidden_state_layer_ids`` ("after k layers") become ``dflash_config.target_layer_ids``
+    (0-based outputs) and stay as ``eagle_aux_hidden_state_layer_ids``; the draft attends
+    causally unless ``sliding_window_non_causal`` (absent: non-causal); None for another
+    type."""
     if config.get("speculators_model_type") != "dflash":
         return None
     native = dict(config.get("transformer_layer_config") or {})
     aux = list(config.get("aux_hidden_state_layer_ids") or [])
     native.update(
         architectures=["DFlashDraftModel"],
+        eagle_aux_hidden_state_layer_ids=aux,
         dflash_config={
             "mask_token_id": config.get("mask_token_id"),
             "target_layer_ids": [i - 1 for i in aux],
+            "sample_from_anchor": config.get("sample_from_anchor", False),
+            "causal": not config.get("sliding_window_non_causal", True),
         },
     )
     if config.get("target_hidden_size") is not None:
         native["target_hidden_size"] = config["target_hidden_size"]
     if config.get("draft_vocab_size") not in (None, native.get("vocab_size")):
-        native["draft_vocab_size"] = config["draft_vocab_size"]  # refused by the contract
+        native["draft_vocab_size"] = config["draft_vocab_size"]  # its own head and d2t
     return native
 
 

@@ -37,10 +37,15 @@ class Eagle3Spec:
 
     def recognizes(self, config: dict[str, Any]) -> bool:
         archs = config.get("architectures") or []
-        return not config.get("parallel_drafting") and (
-            "eagle_aux_hidden_state_layer_ids" in config
-            or "num_aux_hidden_states" in config
-            or any(a.startswith("Eagle3") or a.endswith("Eagle3") for a in archs)
+        # vLLM's speculators loader gives DFlash eagle_aux_hidden_state_layer_ids too
+        return (
+            not config.get("parallel_drafting")
+            and "dflash_config" not in config
+            and (
+                "eagle_aux_hidden_state_layer_ids" in config
+                or "num_aux_hidden_states" in config
+                or any(a.startswith("Eagle3") or a.endswith("Eagle3") for a in archs)
+            )
         )
 
     def target_layer_ids(self, cfg: Eagle3Config, target: TargetDescription) -> list[int]:
