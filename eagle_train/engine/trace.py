@@ -72,9 +72,11 @@ def generate_traced(
     start = time.perf_counter()
     before = first = read_counters(llm) if speculative else SpecCounters()
     overhead += time.perf_counter() - start
-    engine.add_request(f"traced-{next(_IDS)}", {"prompt_token_ids": list(prompt)}, params)
+    request_id = f"traced-{next(_IDS)}"
+    engine.add_request(request_id, {"prompt_token_ids": list(prompt)}, params)
     while engine.has_unfinished_requests():
-        new = [t for out in engine.step() for c in out.outputs for t in c.token_ids]
+        outputs = [out for out in engine.step() if out.request_id == request_id]
+        new = [t for out in outputs for c in out.outputs for t in c.token_ids]
         if not new:
             continue
         t0 = time.perf_counter()
