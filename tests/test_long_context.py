@@ -81,10 +81,13 @@ def test_prompts_quote_real_files_and_are_measured_in_target_tokens(built: dict)
         assert p["prompt_tokens"] == len(ids["input_ids"] if "input_ids" in ids else ids)
         if p["category"] == "conversation":
             assert len(p["turns"]) == 2
-    # one prompt of each kind in every range (the conversation's first turn holds about half
-    # of its code, so only the single-turn kinds are held to their range)
+    # prompt i in range i mod 4, kind i mod 5: each kind once in every range (the
+    # conversation's first turn holds about half of its code, so only the single-turn kinds
+    # are held to their range)
     for i, (lo, hi) in enumerate(RANGES):
-        group = [p for p in prompts[5 * i : 5 * i + 5] if p["category"] != "conversation"]
+        in_range = prompts[i :: len(RANGES)]
+        assert len({p["category"] for p in in_range}) == 5
+        group = [p for p in in_range if p["category"] != "conversation"]
         assert all(0.8 * lo <= p["prompt_tokens"] < hi - ROOM for p in group), (lo, hi, group)
     loaded = load_prompts(built["root"] / "a" / "prompts.jsonl")
     assert [q.id for q in loaded] == [p["id"] for p in prompts]

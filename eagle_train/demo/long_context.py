@@ -4,7 +4,8 @@ No download: the text is real code every Python install has (``corpus.stdlib_fil
 prompt quotes a contiguous run of whole lines of one file, sized with the target's own
 tokenizer so that the rendered prompt (chat template included) lands in a chosen range of
 lengths; the ranges spread the prompts over the context buckets ``eval-acceptance`` reports
-(``ranges``: by default 0.5-1k, 1-2k, 2-4k and 4-8k tokens, less ``answer_room``).
+(``ranges``: by default 0.5-1k, 1-2k, 2-4k and 4-8k tokens, less ``answer_room``; prompt i
+takes range i mod their number, so any number of prompts spreads over them).
 
 Prompt kinds, in turn: ``explain`` (what the code does), ``find`` (a function by name: where,
 what it returns, who calls it), ``modify`` (rewrite a function with type hints), ``continue``
@@ -135,7 +136,7 @@ class Builder:
 
     def prompt(self, index: int) -> dict[str, Any]:
         kind = KINDS[index % len(KINDS)]
-        lo, hi = self.cfg.ranges[(index // len(KINDS)) % len(self.cfg.ranges)]
+        lo, hi = self.cfg.ranges[index % len(self.cfg.ranges)]
         goal = self.rng.randrange(lo, hi - self.cfg.answer_room)
         empty = _part("x.py", "", 1) if kind == "conversation" else _ask(kind, "x.py", "", "f")
         overhead = self.render_len([{"role": "user", "content": empty}])
