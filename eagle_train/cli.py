@@ -147,6 +147,32 @@ def build_demo_app(
     typer.echo(f"demo world written to {out_dir}")
 
 
+@command("build-long-prompts")
+def build_long_prompts_app(
+    out_dir: Annotated[Path, typer.Argument(help="Where to write the prompt set.")],
+    config: ConfigOpt = None,
+    overrides: SetOpt = None,
+    overwrite: Annotated[bool, typer.Option(help="Replace an earlier prompt set.")] = False,
+    verbose: bool = False,
+) -> None:
+    """Long-context prompts (explain, find, modify, continue, two-turn conversations about
+    files of this machine's Python standard library, sized in the target's tokens) for
+    eval-acceptance, and long training chats for prepare-data; no download. Needs
+    --set tokenizer=TARGET."""
+    from eagle_train.demo.long_context import LongContextConfig, build_long_context
+
+    _start(verbose)
+    with _one_line():
+        cfg = load_config(LongContextConfig, config, overrides)
+        manifest = build_long_context(cfg, out_dir, overwrite=overwrite)
+    typer.echo(json.dumps({k: manifest[k] for k in ("python", "kinds")}))
+    typer.echo(
+        f"{len(manifest['prompt_tokens'])} prompts ({min(manifest['prompt_tokens'])}-"
+        f"{max(manifest['prompt_tokens'])} tokens) in {out_dir}/prompts.jsonl, "
+        f"{len(manifest['train_tokens'])} training chats in {out_dir}/train.jsonl"
+    )
+
+
 @command("prepare-data")
 def prepare_data_app(
     config: ConfigOpt = None,

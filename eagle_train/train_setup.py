@@ -30,7 +30,7 @@ from eagle_train.checkpoint import (
 from eagle_train.config import ConfigError
 from eagle_train.data.loader import Batch, BatchLoader, PreparedData
 from eagle_train.data.mixture import open_training_data
-from eagle_train.data.packing import packing_budget
+from eagle_train.data.packing import packing_budget, row_stats
 from eagle_train.data.store import PreparedDataError
 from eagle_train.data.template_match import check_chat_template
 from eagle_train.data.vocab import TokenCounter, VocabMapping, build_vocab_mapping
@@ -166,6 +166,7 @@ def setup_run(cfg: RunConfig, env: DistEnv, out: Path, preemption: Preemption) -
     """The config written, the components built, the state restored from the resume point
     (or the per-rank sampling streams seeded), in the order that makes a resume bit-exact."""
     data = open_training_data(cfg.data.train, cfg.data.max_length)
+    check_rows_fit_target(data, cfg)  # before the target's weights are loaded
     cfg = with_data_defaults(cfg, data.meta)  # before config.yaml is written: it holds the choice
     resumed = resume_point(cfg, out, env)
     if env.is_main:
@@ -366,6 +367,19 @@ def restore(
         )
         torch.manual_seed(resumed.config.train.seed + env.rank + state.step)
     return replace(state, loader=loader.state, world_size=env.world_size, files={})
+
+
+def check_rows_fit_target(data: PreparedData, cfg: RunConfig) -> None:
+    """Rows train whole up to the target's context (``max_position_embeddings``); a longer
+    row (after the data.max_length crop) would train on positions the target never serves."""
+    context = load_target_description(cfg.target.path).max_position_embeddings
+    lengths = row_stats(data.rows, cfg.data.max_length)[0]
+    longest = int(lengths.max()) if len(lengths) else 0
+    if longest > context:
+        raise ConfigError(
+            f"data.max_length: rows of up to {longest} tokens exceed the target's context "
+            f"(max_position_embeddings {context}): set data.max_length={context} or less"
+        )
 
 
 def check_draft_vocab_size(cfg: RunConfig, vocab_size: int) -> None:

@@ -48,6 +48,7 @@ def evaluated(tmp_path_factory: pytest.TempPathFactory) -> dict:
         max_model_len=512,
         kv_cache_memory_bytes=64 * 2**20,
         ignore_eos=True,
+        context_buckets=[8, 16],  # these short prompts cross both edges
     )
     run = run_eval(settings)
     summary = write_report(run, root / "out")
@@ -151,3 +152,27 @@ def test_acceptance_only_serves_the_target_once(tmp_path) -> None:
     target_out = [r["output"] for r in run.records if r["model"] == "target"]
     assert [r["output"] for r in run.records if r["model"] == str(perfect)] == target_out
     assert all(r["acceptance_length"] == K + 1 for r in run.records if r["drafts"])
+
+
+def test_steps_traced_and_split_by_context_length(evaluated: dict) -> None:
+    """Every request's decode steps are traced (contexts follow the tokens each step added,
+    the counters are their sums) and the summary splits them by context length: the perfect
+    drafter accepts every draft in every bucket."""
+    for r in evaluated["run"].records:
+        assert r["step_context"][0] == r["prompt_tokens"] + 1
+        ends = [c + t for c, t in zip(r["step_context"], r["step_tokens"], strict=True)]
+        assert r["step_context"][1:] == ends[:-1]
+        assert sum(r["step_tokens"]) == r["new_tokens"] - 1 == 15  # 16 new tokens
+        assert len(r["step_tokens"]) == r["decode_steps"]
+        assert sum(r["step_accepted"]) == r["accepted"]
+        assert sum(d > 0 for d in r["step_drafted"]) == r["drafts"]
+    perfect = evaluated["summary"]["drafters"][str(evaluated["perfect"])]["context"]
+    assert [row["bucket"] for row in perfect] == ["<8", "8-16", ">=16"]
+    for row in perfect:
+        assert row["per_position_rate"] == [1.0] * K and row["drafted_step_share"] == 1.0
+    (paired,) = evaluated["summary"]["paired"]
+    assert [p["bucket"] for p in paired["context"]] == ["<8", "8-16", ">=16"]
+    assert (
+        "By context length at which the tokens were drafted"
+        in (evaluated["out"] / "summary.md").read_text()
+    )

@@ -30,9 +30,7 @@ def iter_stdlib_pairs(
     The code is ``ast.unparse`` of the function without its docstring, so formatting is
     uniform (4-space indents, normalised quotes) whatever the file's own style.
     """
-    root = Path(sysconfig.get_paths()["stdlib"])
-    files = sorted(p for p in root.rglob("*.py") if _is_plain_module(p.relative_to(root)))
-    for path in files[:max_files]:
+    for path in stdlib_files()[:max_files]:
         try:
             tree = ast.parse(path.read_text(encoding="utf-8"))
         except (SyntaxError, UnicodeDecodeError, ValueError):
@@ -52,6 +50,17 @@ def iter_stdlib_pairs(
             if len(summary) < 12 or len(code) > max_code_chars:
                 continue
             yield f"Write a Python function `{node.name}`: {summary}", code
+
+
+def stdlib_root() -> Path:
+    """This interpreter's standard library directory."""
+    return Path(sysconfig.get_paths()["stdlib"])
+
+
+def stdlib_files() -> list[Path]:
+    """The standard library's plain modules (no tests, demos or bundled packages), sorted."""
+    root = stdlib_root()
+    return sorted(p for p in root.rglob("*.py") if _is_plain_module(p.relative_to(root)))
 
 
 def _is_plain_module(rel: Path) -> bool:

@@ -14,11 +14,11 @@ from __future__ import annotations
 import gc
 import logging
 import os
-import time
 from pathlib import Path
 from typing import Any, NamedTuple
 
 from eagle_train.engine.counters import SpecCounters, read_counters
+from eagle_train.engine.trace import StepTrace, generate_traced
 
 logger = logging.getLogger(__name__)
 
@@ -94,6 +94,7 @@ class Measured(NamedTuple):
     tokens: list[int]
     counters: SpecCounters
     seconds: float
+    steps: StepTrace | None = None  # per decode step (trace.py); None: not traced
 
 
 def vllm_available() -> bool:
@@ -201,12 +202,11 @@ class VllmEngine:
         return read_counters(self.llm)
 
     def generate_measured(self, prompt: list[int], sampling: dict[str, Any]) -> Measured:
-        """One request alone: its tokens, spec-decode counter deltas and wall time."""
-        before = self.counters()
-        start = time.perf_counter()
-        tokens = self.generate([prompt], sampling)[0]
-        seconds = time.perf_counter() - start
-        return Measured(tokens, self.counters() - before, seconds)
+        """One request alone: its tokens, spec-decode counter deltas, wall time and what each
+        decode step did (``trace.py``: the engine stepped by hand)."""
+        speculative = "speculative_config" in self.kwargs
+        out = generate_traced(self.llm, prompt, sampling, speculative)
+        return Measured(out.tokens, out.counters, out.seconds, out.steps)
 
     def generate_one_by_one(
         self, prompts: list[list[int]], sampling: dict[str, Any], seeds: list[int] | None = None

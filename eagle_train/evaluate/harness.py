@@ -322,7 +322,9 @@ def _record(
     measured: list[Measured],
     rounds: list[int] | None = None,
 ) -> None:
-    for i, (req, (tokens, delta, seconds)) in enumerate(zip(requests, measured, strict=True)):
+    for i, (req, (tokens, delta, seconds, steps)) in enumerate(
+        zip(requests, measured, strict=True)
+    ):
         records.append(
             {
                 "model": name,
@@ -337,9 +339,14 @@ def _record(
                 "accepted": delta.accepted,
                 # target forwards after the prefill (steps.py): what tokens per target
                 # step divides by; recomputable from new_tokens, accepted and drafts
-                "decode_steps": decode_steps(len(tokens), delta.accepted, delta.drafts),
+                "decode_steps": len(steps.tokens)
+                if steps is not None
+                else decode_steps(len(tokens), delta.accepted, delta.drafts),
                 "acceptance_length": delta.acceptance_length,
                 "accepted_per_pos": delta.accepted_per_pos,
                 "output": tokens,
+                # per decode step (engine/trace.py): context length, tokens added, draft
+                # tokens verified, accepted; what the by-context tables are made of
+                **(steps.as_record() if steps is not None else {}),
             }
         )

@@ -7,11 +7,19 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from eagle_train.evaluate.context import (
+    by_context,
+    has_steps,
+    markdown_lines,
+    paired_by_context,
+    paired_markdown_lines,
+)
 from eagle_train.evaluate.engine_choice import EngineChoice
 from eagle_train.evaluate.harness import EvalRun
+from eagle_train.evaluate.plot import plot
 from eagle_train.evaluate.rounds import speedup_summary
 from eagle_train.evaluate.sampling import label
-from eagle_train.evaluate.stats import paired_difference
+from eagle_train.evaluate.stats import paired_difference, paired_line, paired_summary
 from eagle_train.evaluate.steps import (
     drafted_step_share,
     mean_request_tokens_per_step,
@@ -71,6 +79,8 @@ def summarize(run: EvalRun) -> dict[str, Any]:
                 for t in sorted({r["turn"] for r in rows})
             },
             "categories": categories,
+            # by the context length at which the tokens were drafted (context.py)
+            "context": by_context([r for r in rows if has_steps(r)], run.settings.context_buckets),
             "speedup": speedup_summary(run.rounds.get(name, []), overall["tokens_per_target_step"]),
             "greedy_equal_to_target": _greedy_equal(rows, target) if greedy else None,
             "reproducible": run.reproducible.get(name),
@@ -87,6 +97,7 @@ def summarize(run: EvalRun) -> dict[str, Any]:
         "target_reproducible": run.reproducible.get("target"),
         "baseline_tokens_per_s": baseline_tps,
         "drafters": drafters,
+        "context_buckets": run.settings.context_buckets,
         "paired": _paired(run, by_model),
         "engine": run.engine.to_dict() if run.engine else None,  # engine_choice.py
     }
@@ -171,11 +182,13 @@ def _paired(run: EvalRun, by_model: dict[str, list[dict]]) -> list[dict[str, Any
             [base[key(r)] for r in part], [request_tokens_per_step(r) for r in part]
         )
 
+    first = [r for r in by_model[str(run.drafters[0].path)] if has_steps(r)]
     out = []
     for info in run.drafters[1:]:
         rows = by_model[str(info.path)]
         turns = sorted({r["turn"] for r in rows})
         by_turn = {str(t): versus([r for r in rows if r["turn"] == t]) for t in turns}
+        traced = [r for r in rows if has_steps(r)]
         out.append(
             {
                 "a": str(run.drafters[0].path),
@@ -183,30 +196,10 @@ def _paired(run: EvalRun, by_model: dict[str, list[dict]]) -> list[dict[str, Any
                 "metric": "tokens_per_target_step",
                 **versus(rows),
                 "turns": by_turn if len(turns) > 1 else {},
+                "context": paired_by_context(first, traced, run.settings.context_buckets),
             }
         )
     return out
-
-
-def paired_summary(a: list[float], b: list[float]) -> dict[str, Any]:
-    """The paired statistics of b - a (mean None under two pairs), and on how many pairs b is
-    higher (``b_better``) and lower (``b_worse``) than a."""
-    out: dict[str, Any] = {"n": len(a), "mean": None}
-    if len(a) >= 2:
-        out.update(paired_difference(a, b).__dict__)
-    out["b_better"] = sum(y > x for x, y in zip(a, b, strict=True))
-    out["b_worse"] = sum(y < x for x, y in zip(a, b, strict=True))
-    return out
-
-
-def _paired_line(p: dict[str, Any]) -> str:
-    if p["mean"] is None:
-        return f"{p['n']} request(s): too few to pair"
-    return (
-        f"mean {p['mean']:+.3f}, t = {p['t']:.2f}, p = {p['p_value']:.3g}, "
-        f"95% CI [{p['ci_low']:+.3f}, {p['ci_high']:+.3f}]; "
-        f"better on {p['b_better']}, worse on {p['b_worse']}"
-    )
 
 
 def to_markdown(summary: dict[str, Any], title: str = "Acceptance length") -> str:
@@ -241,15 +234,17 @@ def to_markdown(summary: dict[str, Any], title: str = "Acceptance length") -> st
             )
         rates = ", ".join(f"{r:.3f}" for r in d["overall"]["per_position_rate"])
         lines += ["", f"Per-position acceptance rate: {rates}", ""]
+        lines += markdown_lines(d.get("context", []))
         lines += _speed_lines(d)
     lines += [METRICS_LEGEND, ""]
     for p in summary["paired"]:
         lines.append(
             f"Paired difference in tokens per target step ({p['b']} - {p['a']}) over "
-            f"{p['n']} requests: {_paired_line(p)}"
+            f"{p['n']} requests: {paired_line(p)}"
         )
         for turn, q in p.get("turns", {}).items():
-            lines.append(f"- turn {turn} ({q['n']} requests): {_paired_line(q)}")
+            lines.append(f"- turn {turn} ({q['n']} requests): {paired_line(q)}")
+        lines += paired_markdown_lines(p.get("context", []))
     if "greedy" in summary:
         lines += [
             "",
@@ -411,39 +406,3 @@ def _write_files(run: EvalRun, summary: dict[str, Any], tmp: Path) -> None:
     (tmp / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     (tmp / "summary.md").write_text(to_markdown(summary))
     plot(summary, tmp / "acceptance.png")
-
-
-def plot(summary: dict[str, Any], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
-    names = list(summary["drafters"])
-    cats = sorted({c for d in summary["drafters"].values() for c in d["categories"]})
-    width = 0.8 / max(len(names), 1)
-    for i, name in enumerate(names):
-        d = summary["drafters"][name]
-        values = [d["categories"].get(c, {}).get("tokens_per_target_step", 0.0) for c in cats]
-        left.bar([x + i * width for x in range(len(cats))], values, width, label=Path(name).name)
-        rates = d["overall"]["per_position_rate"]
-        right.plot(range(1, len(rates) + 1), rates, marker="o", label=Path(name).name)
-    left.set_xticks(
-        [x + width * (len(names) - 1) / 2 for x in range(len(cats))], cats, rotation=30, ha="right"
-    )
-    left.set_ylabel("tokens per target step")
-    left.set_title("Tokens per target forward step per category")
-    width_k = max(
-        (len(d["overall"]["per_position_rate"]) for d in summary["drafters"].values()), default=0
-    )
-    right.set_xticks(range(1, width_k + 1))
-    right.set_xlabel("draft position")
-    right.set_ylabel("acceptance rate")
-    right.set_ylim(0, 1)
-    right.set_title("Per-position acceptance rate")
-    for ax in (left, right):
-        ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)

@@ -14,6 +14,9 @@ from pydantic import Field, model_validator
 
 from eagle_train.config import StrictModel
 
+# Upper edges of the default context-length buckets: <1k, 1-2k, 2-4k, ..., >=128k tokens.
+DEFAULT_BUCKETS = (1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072)
+
 
 class Sampling(StrictModel):
     """How every request is decoded: greedy (temperature 0, the default) or sampled as a
@@ -105,6 +108,10 @@ class EvalSettings(AcceptanceSettings):
     layers and hidden size its provenance records) differs from --target; false: refused in
     one line before any engine starts."""
 
+    context_buckets: list[int] = Field(default_factory=lambda: list(DEFAULT_BUCKETS), min_length=1)
+    """Upper edges of the context-length buckets (tokens in the sequence when a step's drafts
+    were made) the report splits acceptance by: the default is <1k, 1-2k, 2-4k, ..., >=128k."""
+
     @model_validator(mode="after")
     def _each_drafter_once(self) -> EvalSettings:
         """A drafter named twice (also through a symlink) would be measured twice and pooled
@@ -128,6 +135,15 @@ class EvalSettings(AcceptanceSettings):
             raise ValueError(
                 "beside_greedy=true applies only when sampling: set temperature > 0 (a greedy "
                 "run is the greedy figure already)"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _increasing_buckets(self) -> EvalSettings:
+        edges = self.context_buckets
+        if edges[0] < 1 or any(b <= a for a, b in zip(edges, edges[1:], strict=False)):
+            raise ValueError(
+                f"context_buckets must be positive and strictly increasing, got {edges}"
             )
         return self
 

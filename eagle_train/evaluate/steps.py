@@ -17,7 +17,9 @@ skipping proposer whose last drafts were cut. A request with no decode step (a s
 token) counts 1.0, as AL does for a request without drafts.
 
 The counters are per request: deltas of vLLM's cumulative counters around the request
-(``VllmEngine.generate_measured``), never the cumulative values themselves.
+(``VllmEngine.generate_measured``), never the cumulative values themselves. The harness
+also traces every decode step (``engine/trace.py``); a record with that trace counts its
+steps exactly instead of by the formula above.
 """
 
 from __future__ import annotations
@@ -34,6 +36,10 @@ def decode_steps(new_tokens: int, accepted: int, drafts: int) -> int:
 
 
 def request_steps(row: Row) -> int:
+    """Exact when the request's steps were traced (``step_tokens``, ``engine/trace.py``),
+    else from its counters."""
+    if "step_tokens" in row:
+        return len(row["step_tokens"])
     return decode_steps(row["new_tokens"], row["accepted"], row["drafts"])
 
 
