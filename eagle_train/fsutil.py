@@ -3,9 +3,9 @@
 - ``atomic_directory``: a directory appears whole or not at all (temporary sibling, every
   file and directory fsynced, renamed, parent fsynced), its files readable like the rest
   (safetensors writes 0600; here every file gets the umask's default mode).
-- ``check_output_path`` / ``check_no_overlap`` / ``check_replaceable``: an output that is
-  empty or root-like, that overlaps an input, or that would replace something this tool did
-  not write, is refused with one line naming the path and why.
+- ``check_output_path`` / ``check_no_overlap``: an output that is empty or root-like, or that
+  overlaps an input, is refused with one line naming the path and why (what an output may
+  replace: ``eagle_train/ownership.py``).
 - ``hold_lock``: an exclusive ``flock`` that names its holder; the OS releases it when the
   process dies (``kill -9`` leaves no stale lock).
 """
@@ -20,7 +20,7 @@ import os
 import shutil
 import socket
 import uuid
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -213,30 +213,6 @@ def check_no_overlap(output: Path, key: str, inputs: Iterable[tuple[str, Path | 
         how = "is" if out == inp else "contains" if out in inp.parents else "is inside"
         raise UnsafePathError(
             f"{key} {output} {how} the {name} {path}: choose an output apart from its inputs"
-        )
-
-
-def check_replaceable(
-    path: Path,
-    key: str,
-    overwrite: bool,
-    is_ours: Callable[[Path], bool],
-    what: str,
-    hint: str = "pass --overwrite",
-) -> None:
-    """An existing ``path`` is replaced only with ``overwrite`` and only when it is empty or
-    recognisably this tool's own earlier output (``is_ours``); anything else is refused."""
-    path = Path(path)
-    if not path.exists() and not path.is_symlink():
-        return
-    if not path.is_dir() or path.is_symlink():
-        raise UnsafePathError(f"{key} {path} exists and is not a directory; choose another path")
-    if not overwrite:
-        raise UnsafePathError(f"{path} already exists; {hint} to replace it")
-    if any(path.iterdir()) and not is_ours(path):
-        raise UnsafePathError(
-            f"{path} is not empty and not {what}: refusing to replace it (only {what} this "
-            "tool wrote, or an empty directory, is replaced)"
         )
 
 

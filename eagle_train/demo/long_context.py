@@ -43,7 +43,18 @@ from pydantic import Field, model_validator
 
 from eagle_train.config import ConfigError, StrictModel
 from eagle_train.demo.corpus import stdlib_files, stdlib_root
-from eagle_train.fsutil import atomic_directory, check_output_path, check_replaceable
+from eagle_train.fsutil import (
+    check_no_overlap,
+    check_output_path,
+    hold_lock,
+    remove_empty_dirs,
+    remove_stale_temporaries,
+    topmost_missing,
+)
+from eagle_train.ownership import check_owned, owned_directory
+
+COMMAND = "build-long-prompts"
+WHAT = "a long-context prompt set"
 
 KINDS = ("explain", "find", "modify", "continue", "conversation")
 QUESTION_KINDS = ("explain", "find", "modify")
@@ -239,7 +250,8 @@ def build_long_context(cfg: LongContextConfig, out_dir: Path, overwrite: bool = 
     from transformers import AutoTokenizer
 
     out = check_output_path(out_dir, "OUT")
-    check_replaceable(out, "OUT", overwrite, _is_ours, "a long-context prompt set")
+    check_no_overlap(out, "OUT", [("tokenizer", cfg.tokenizer)])
+    check_owned(out, "OUT", overwrite, COMMAND, WHAT)
     try:
         tokenizer = AutoTokenizer.from_pretrained(str(cfg.tokenizer))
     except (OSError, ValueError) as exc:
@@ -256,10 +268,19 @@ def build_long_context(cfg: LongContextConfig, out_dir: Path, overwrite: bool = 
         "train_tokens": chat_tokens,
         "kinds": {k: sum(p["category"] == k for p in prompts) for k in KINDS},
     }
-    with atomic_directory(out) as tmp:
-        (tmp / "prompts.jsonl").write_text("".join(json.dumps(p) + "\n" for p in prompts))
-        (tmp / "train.jsonl").write_text("".join(json.dumps(c) + "\n" for c in chats))
-        (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+    made = topmost_missing(out.parent)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        with hold_lock(out.parent / f".{out.name}.lock", f"OUT {out}"):
+            remove_stale_temporaries(out)  # left by a build that was killed
+            check_owned(out, "OUT", overwrite, COMMAND, WHAT)
+            with owned_directory(out, COMMAND, WHAT) as tmp:
+                (tmp / "prompts.jsonl").write_text("".join(json.dumps(p) + "\n" for p in prompts))
+                (tmp / "train.jsonl").write_text("".join(json.dumps(c) + "\n" for c in chats))
+                (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+    finally:  # a failed build leaves no parent directory it made
+        if not out.exists():
+            remove_empty_dirs(out.parent, made)
     return manifest
 
 
@@ -268,7 +289,3 @@ def _rendered_len(tokenizer: Any, messages: list[dict[str, str]], generation: bo
         messages, add_generation_prompt=generation, tokenize=True, return_dict=True
     )
     return len(enc["input_ids"])
-
-
-def _is_ours(path: Path) -> bool:
-    return (path / "manifest.json").is_file() and (path / "prompts.jsonl").is_file()
