@@ -14,6 +14,7 @@ The backbone's block is ``[x_a, NOISE x (B-1)]``; unlike DFlash, every slot pred
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from eagle_train.drafts.dflash.model import DFlashDraft, DFlashShape
@@ -48,7 +49,8 @@ class ConfidenceHead(nn.Module):
     def forward(self, hidden: Tensor, embedding: Tensor) -> Tensor:
         """The acceptance logit (...,) of each slot (vLLM applies the sigmoid), in fp32."""
         x = torch.cat([hidden, embedding], dim=-1) if self.with_markov else hidden
-        return self.proj(x.float()).squeeze(-1)
+        bias = self.proj.bias.float() if self.proj.bias is not None else None
+        return F.linear(x.float(), self.proj.weight.float(), bias).squeeze(-1)
 
 
 class DSparkDraft(DFlashDraft):
