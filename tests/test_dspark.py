@@ -14,6 +14,7 @@ from eagle_train.drafts.dflash.blocks import slot_weights
 from eagle_train.drafts.dspark.config import DSparkConfig
 from eagle_train.drafts.dspark.loss import dspark_loss
 from eagle_train.drafts.registry import get_draft, identify_drafter
+from eagle_train.errors import UserError
 from eagle_train.target_model import FrozenTarget
 
 SPEC = get_draft("dspark")
@@ -222,9 +223,8 @@ def test_export_is_vllms_contract_and_is_recognised() -> None:
 def test_a_rank_above_the_hidden_size_is_refused_in_one_line() -> None:
     target = tiny_target()
     cfg = DSparkConfig(target_layer_ids=[0, 1, 2], mask_token_id=MASK, markov_rank=33)
-    with pytest.raises(
-        ValueError, match="markov_rank 33 is larger than the draft's hidden size 32"
-    ):
+    # a UserError: train-draft prints it as one line and exits 2
+    with pytest.raises(UserError, match="markov_rank 33 is larger than the draft's hidden size"):
         SPEC.build(cfg, target, None)
 
 

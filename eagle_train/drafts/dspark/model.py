@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from eagle_train.config import ConfigError
 from eagle_train.drafts.dflash.model import DFlashDraft, DFlashShape
 from eagle_train.target_model import TargetDescription
 
@@ -66,7 +67,7 @@ class DSparkDraft(DFlashDraft):
     ) -> None:
         super().__init__(s, target, embed, lm_head)
         if markov_rank > s.hidden_size:
-            raise ValueError(
+            raise ConfigError(
                 f"draft.markov_rank {markov_rank} is larger than the draft's hidden size "
                 f"{s.hidden_size}: a low-rank transition has rank at most the hidden size; "
                 f"set draft.markov_rank to 1..{s.hidden_size}"
