@@ -253,3 +253,30 @@ def test_calibration_walks_the_cycles_vllm_counts() -> None:
         assert [sum(n > k for _, n, _ in cycles) for k in range(4)] == per_position
         for slot, n, rejected in cycles:  # a rejection: the run stopped on a wrong draft
             assert rejected == (n < 4 and int(chains[slot]) == n)
+
+
+def test_warm_start_refuses_a_drafter_reading_other_target_layers(tmp_path) -> None:
+    import json
+
+    from safetensors.torch import save_file
+
+    from eagle_train.config import ConfigError
+    from eagle_train.drafts.warm_start import warm_start
+
+    target = tiny_target()
+    cfg, draft = build(target)
+    drafter = SPEC.to_vllm(draft.state_dict(), cfg, target.description)
+    (tmp_path / "config.json").write_text(json.dumps(drafter.config))
+    save_file(
+        {n: t.contiguous() for n, t in drafter.tensors.items()}, tmp_path / "model.safetensors"
+    )
+    same = cfg.model_copy(update={"init_from": tmp_path})
+    fresh = SPEC.build(same, target, None)
+    warm_start(same, SPEC, fresh, target.description)  # the same layers: loads
+    assert all(
+        torch.equal(a, b)
+        for a, b in zip(fresh.state_dict().values(), draft.state_dict().values(), strict=True)
+    )
+    other = same.model_copy(update={"target_layer_ids": [1, 2, 3]})
+    with pytest.raises(ConfigError, match="target_layer_ids is \\[0, 1, 2\\].*\\[1, 2, 3\\]"):
+        warm_start(other, SPEC, SPEC.build(other, target, None), target.description)

@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
-from eagle_train.drafts.dflash.loss import BlockStats, _gather_positions
+from eagle_train.drafts.dflash.loss import BlockStats, _gather_positions, accuracy_metrics
 from eagle_train.drafts.dspark.config import DSparkConfig
 from eagle_train.drafts.dspark.model import DSparkDraft
 
@@ -155,8 +155,6 @@ class _ChunkTerms:
 def dspark_metrics(stats: DSparkStats) -> dict[str, float]:
     """acc_k and sim_accept_len (DFlash's definitions over B slots), the mean CE and TV of the
     supervised slots, and the confidence head's BCE and mean estimate."""
-    from eagle_train.drafts.dflash.loss import accuracy_metrics
-
     out = accuracy_metrics(stats)
     m = stats.mask
     count = m.sum().clamp(min=1)
