@@ -45,10 +45,14 @@ def trains(algorithm: str, qwen3: bool) -> set[str]:
         return fused
     if algorithm == "peagle":  # + the mask token's embedding row and hidden, a second layer
         return fused | {"mask_embedding", "mask_hidden"} | layer(1, input_norm=True, qk_norm=qwen3)
-    assert algorithm == "dflash"  # fc, its hidden norm, Qwen3-style layers, final norm
-    return {"fc.weight", "hidden_norm.weight", "norm.weight"} | layer(
+    backbone = {"fc.weight", "hidden_norm.weight", "norm.weight"} | layer(
         0, input_norm=True, qk_norm=True
     )
+    if algorithm == "dspark":  # DFlash's backbone + the Markov and confidence heads
+        heads = {"markov_head.markov_w1.weight", "markov_head.markov_w2.weight"}
+        return backbone | heads | {"confidence_head.proj.weight", "confidence_head.proj.bias"}
+    assert algorithm == "dflash"  # fc, its hidden norm, Qwen3-style layers, final norm
+    return backbone
 
 
 # The draft's own frozen copies of target weights (DFlash borrows the target's modules: it
@@ -58,6 +62,7 @@ FROZEN = {
     "eagle3": {"embed_tokens.weight"},
     "peagle": {"embed_tokens.weight"},  # only the mask row trains, as mask_embedding
     "dflash": set(),
+    "dspark": set(),  # DFlash's borrowing: the target's embedding and head, no copies
 }
 
 

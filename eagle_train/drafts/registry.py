@@ -9,6 +9,7 @@ from pydantic import Field
 
 from eagle_train.drafts.base import DraftSpec
 from eagle_train.drafts.dflash.spec import DFlashSpec
+from eagle_train.drafts.dspark.spec import DSparkSpec
 from eagle_train.drafts.eagle1.spec import Eagle1Spec
 from eagle_train.drafts.eagle3.spec import Eagle3Spec
 from eagle_train.drafts.peagle.spec import PEagleSpec
@@ -21,6 +22,7 @@ DRAFTS: MappingProxyType[str, DraftSpec] = MappingProxyType(
         "eagle3": Eagle3Spec(),
         "peagle": PEagleSpec(),
         "dflash": DFlashSpec(),
+        "dspark": DSparkSpec(),
     }
 )
 

@@ -50,6 +50,7 @@ _STRUCTURE: dict[str, tuple[str | None, Any]] = {
     "norm_output": ("draft.norm_output", False),
     "mask_token_id": ("draft.mask_token_id", None),
     "dflash_config.target_layer_ids": ("draft.target_layer_ids", None),
+    "target_layer_ids": ("draft.target_layer_ids", None),
     "dflash_config.mask_token_id": ("draft.mask_token_id", None),
 }
 

@@ -1,0 +1,157 @@
+"""DSpark as the loop sees it: DFlash's layer ids and anchors, DSpark's build, objective,
+offline proposals (the Markov chain on the true tokens) and export."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from eagle_train.data.loader import Batch
+from eagle_train.data.vocab import VocabMapping
+from eagle_train.drafts.base import StepResult, VllmDrafter
+from eagle_train.drafts.dflash import export as dflash_export
+from eagle_train.drafts.dflash.blocks import (
+    sample_anchors,
+    select_layer_ids,
+    slot_mask,
+    slot_weights,
+)
+from eagle_train.drafts.dflash.model import DFlashShape
+from eagle_train.drafts.dspark import export
+from eagle_train.drafts.dspark.config import DSparkConfig
+from eagle_train.drafts.dspark.loss import dspark_loss, dspark_metrics
+from eagle_train.drafts.dspark.model import DSparkDraft
+from eagle_train.target_model import FrozenTarget, TargetDescription, TargetFeatures
+from eagle_train.target_model.description import Capability
+
+# Validation scores the same anchors at every evaluation (and leaves the training RNG alone).
+_VALIDATION_SEED = 0
+
+
+class DSparkSpec:
+    name = "dspark"
+    config_cls = DSparkConfig
+    vllm_method = "dspark"
+    target_needs: Capability = "aux_hidden_states"
+    uses_draft_vocab = False
+
+    def recognizes(self, config: dict[str, Any]) -> bool:
+        archs = config.get("architectures") or []
+        return any("DSpark" in a for a in archs) or "markov_rank" in config
+
+    def layer_ids(self, cfg: DSparkConfig, target: TargetDescription) -> list[int]:
+        """0-based target layer outputs (config.json's target_layer_ids)."""
+        return select_layer_ids(cfg.target_layer_ids, cfg.num_target_features, target.num_layers)
+
+    def target_layer_ids(self, cfg: DSparkConfig, target: TargetDescription) -> list[int]:
+        return [i + 1 for i in self.layer_ids(cfg, target)]
+
+    def build(
+        self, cfg: DSparkConfig, target: FrozenTarget, vocab: VocabMapping | None
+    ) -> DSparkDraft:
+        # `vocab` is unused: the draft predicts over the target's full vocabulary.
+        desc = target.description
+        shape = DFlashShape.from_target(
+            desc,
+            num_features=len(self.layer_ids(cfg, desc)),
+            num_layers=cfg.num_layers,
+            block_size=cfg.block_size,
+            mask_token_id=dflash_export.resolve_mask_token_id(cfg, desc),
+        )
+        draft = DSparkDraft(
+            shape,
+            desc,
+            target.embed_tokens(),
+            target.lm_head(),
+            cfg.markov_rank,
+            cfg.confidence_head,
+            cfg.confidence_with_markov,
+        ).float()
+        for layer in draft.layers:
+            layer.self_attn.backend = cfg.attention
+        return draft
+
+    def compute_loss(
+        self, draft: nn.Module, features: TargetFeatures, batch: Batch, cfg: DSparkConfig
+    ) -> StepResult:
+        module = getattr(draft, "module", draft)  # DDP-wrapped or not
+        generator = None
+        if not module.training:
+            generator = torch.Generator(batch.input_ids.device).manual_seed(_VALIDATION_SEED)
+        # Every slot k (0..B-1) predicts x_{a+k+1}: DFlash's anchors and masks for B+1.
+        span = cfg.block_size + 1
+        anchors = sample_anchors(batch.loss_mask, batch.lengths, span, cfg.num_anchors, generator)
+        hidden = draft(features.aux, batch.input_ids, anchors.positions)
+        weights = slot_weights(span, cfg.loss_gamma or 4.0)
+        stats = dspark_loss(
+            module,
+            hidden,
+            batch.input_ids,
+            features.logits,
+            anchors.positions,
+            slot_mask(batch.loss_mask, anchors.positions, anchors.valid, span),
+            weights,
+            cfg,
+        )
+        metrics = {"loss": stats.loss.item(), **dspark_metrics(stats)}
+        return StepResult(loss=stats.loss, metrics=metrics, weight=int(anchors.valid.sum()))
+
+    @torch.no_grad()
+    def block_outputs(
+        self, draft: DSparkDraft, features: TargetFeatures, input_ids: Tensor, num_steps: int
+    ) -> tuple[Tensor, Tensor | None]:
+        """For every t: the block anchored at x_{t+1} (context <= t, what vLLM drafts once
+        x_{t+1} is the last accepted token), its slots' Markov chain on the true tokens.
+        Returns the draft's ids (Bt, T, K) (entry [t, k]: its guess for x_{t+2+k}) and the
+        confidence head's estimate for each (None without the head)."""
+        bt, length = input_ids.shape
+        anchors = torch.arange(1, max(length, 2), device=input_ids.device)
+        anchors = anchors.clamp(max=length - 1).expand(bt, -1)  # (Bt, T-1)
+        hidden = draft(features.aux, input_ids, anchors)[:, :, :num_steps]
+        k = torch.arange(num_steps, device=input_ids.device)
+        prev_pos = (anchors[..., None] + k).clamp(max=length - 1)
+        prev = input_ids.gather(1, prev_pos.flatten(1)).view(prev_pos.shape)
+        logits, embedding = draft.slot_logits(hidden, prev)
+        ids = logits.argmax(-1)
+        conf = None
+        if draft.confidence_head is not None:
+            conf = torch.sigmoid(draft.confidence_logit(hidden, embedding))
+            conf = torch.cat([conf, conf[:, -1:]], dim=1)[:, :length]
+        return torch.cat([ids, ids[:, -1:]], dim=1)[:, :length], conf
+
+    def propose(
+        self,
+        draft: nn.Module,
+        features: TargetFeatures,
+        input_ids: Tensor,
+        cfg: DSparkConfig,
+        num_steps: int,
+    ) -> Tensor:
+        """Entry [t, k] = slot k of the block anchored at x_{t+1}, its Markov bias from
+        x_{t+1+k} (the true token: what vLLM drafted there whenever slot k is reached)."""
+        if num_steps > cfg.block_size:
+            raise ValueError(
+                f"a DSpark block of {cfg.block_size} proposes at most {cfg.block_size} "
+                f"tokens, asked for {num_steps}"
+            )
+        return self.block_outputs(draft, features, input_ids, num_steps)[0]
+
+    def to_vllm(
+        self, state: dict[str, Tensor], cfg: DSparkConfig, target: TargetDescription
+    ) -> VllmDrafter:
+        return export.to_vllm(state, cfg, target, self.layer_ids(cfg, target))
+
+    def expected_tensors(
+        self, config: dict[str, Any]
+    ) -> tuple[dict[str, tuple[int, ...]], dict[str, tuple[int, ...]]]:
+        return export.expected_tensors(config)
+
+    def from_speculators(self, config: dict[str, Any]) -> dict[str, Any] | None:
+        return export.from_speculators(config)
+
+    def import_tensors(
+        self, tensors: dict[str, Tensor], config: dict[str, Any]
+    ) -> dict[str, Tensor]:
+        return export.import_tensors(tensors, config)
