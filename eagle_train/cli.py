@@ -417,6 +417,7 @@ def config_schemas() -> dict[str, type[BaseModel]]:
     """The config schema of each command that takes --config."""
     from eagle_train.data.config import PrepareDataConfig
     from eagle_train.demo.build import DemoConfig
+    from eagle_train.demo.long_context import LongContextConfig
     from eagle_train.evaluate.settings import EvalSettings
     from eagle_train.run_config import RunConfig
 
@@ -426,6 +427,7 @@ def config_schemas() -> dict[str, type[BaseModel]]:
         "prepare-data": PrepareDataConfig,
         "eval-acceptance": EvalSettings,
         "build-demo-world": DemoConfig,
+        "build-long-prompts": LongContextConfig,
     }
 
 

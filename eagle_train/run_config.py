@@ -61,8 +61,8 @@ class DataSection(StrictModel):
     """Training micro-batches of whole rows of similar length up to max_tokens_per_batch padded
     tokens (None: micro_batch_size rows of the mean length), not micro_batch_size rows padded
     to the longest (data/packing.py). Validation batches stay micro_batch_size rows. Off by
-    default: on the demo e2e tests it lowered vLLM's acceptance (DFlash llama 2.27 against 2.78
-    unpacked, same steps; docs/results/2026-12-01-packing.md), on SmolLM2 a little
+    default: on the demo e2e tests it lowered vLLM's acceptance (the Llama block draft's 2.27
+    against 2.78 unpacked, same steps; docs/results/2026-12-01-packing.md), on SmolLM2 a little
     (docs/results/2026-12-05-packing-smollm2.md)."""
     max_tokens_per_batch: int | None = Field(default=None, ge=1)
     """With packing: padded tokens per training micro-batch (None: micro_batch_size rows of the

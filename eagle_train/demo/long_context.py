@@ -66,16 +66,23 @@ _SKIP = ("encodings/",)
 class LongContextConfig(StrictModel):
     """``build-long-prompts``: the long-context prompt set and training chats."""
 
-    tokenizer: Path  # the target's (lengths are measured in its tokens, with its template)
+    tokenizer: Path
+    """The target's tokenizer (a model folder): lengths are measured in its tokens, rendered
+    with its chat template."""
     seed: int = 0
+    """Seed of the choice of files, passages and kinds (the same seed, the same set)."""
     num_prompts: int = Field(default=40, ge=1)
+    """Prompts written to prompts.jsonl (eval-acceptance's prompts), spread over ranges."""
     num_train: int = Field(default=200, ge=0)
-    # Rendered prompt lengths (tokens) are spread over these ranges in turn: [lo, hi) each.
+    """Training chats written to train.jsonl (prepare-data's inputs)."""
     ranges: list[tuple[int, int]] = [(512, 1024), (1024, 2048), (2048, 4096), (4096, 8192)]
-    # Tokens kept free at the top of each range for the answer (prompt + answer stays in it).
+    """Rendered prompt lengths in tokens, [lo, hi) each: prompt i takes range i mod their
+    number, so the prompts spread over eval-acceptance's context buckets."""
     answer_room: int = Field(default=256, ge=0)
-    # Training chats: each assistant turn of a continue conversation quotes this many tokens.
+    """Tokens kept free at the top of each range for the answer (prompt + answer stays in
+    it)."""
     chunk_tokens: int = Field(default=384, ge=16)
+    """Training chats: tokens each assistant turn of a continue conversation quotes."""
 
     @model_validator(mode="after")
     def _ranges_fit(self) -> LongContextConfig:

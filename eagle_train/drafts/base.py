@@ -57,6 +57,13 @@ class DraftSpec(Protocol):
     # Whether the draft has a vocabulary of its own (d2t/t2d); False: it predicts over the
     # target's whole vocabulary through the target's head.
     uses_draft_vocab: bool
+    # None: vLLM's CPU build serves it too; else why only a GPU build does (one line).
+    gpu_only: str | None
+
+    def served_tokens(self, config: dict[str, Any]) -> int | None:
+        """K that vLLM drafts per step for a drafter of this config.json when nothing else
+        states it (None: the config does not say)."""
+        ...
 
     def recognizes(self, config: dict[str, Any]) -> bool:
         """Whether a drafter config.json (from any exporter) is this algorithm's format."""

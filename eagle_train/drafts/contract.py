@@ -49,3 +49,24 @@ def contract_problems(
         elif name == "d2t" and dtype != torch.int64:
             problems.append("d2t must be int64 offsets")
     return problems
+
+
+def default_aux_problems(native: dict[str, Any], target: TargetDescription) -> list[str]:
+    """A fused-layer drafter that names no aux layers (SafeAILab's EAGLE-3) is fed the
+    target's default layers (2, L//2, L-3), each captured once (``gpu_model_runner``), while
+    its fc reads ``num_aux_hidden_states`` of them (3 unless set): on a target of under 8
+    layers the two differ and vLLM fails at the first request."""
+    if "num_aux_hidden_states" not in native or native.get("eagle_aux_hidden_state_layer_ids"):
+        return []
+    if isinstance(native.get("dflash_config"), dict):
+        return []  # DFlash names its layers in dflash_config
+    ids = target.default_aux_layer_ids
+    captured = len(set(ids))
+    if captured == native["num_aux_hidden_states"]:
+        return []
+    return [
+        f"config names no eagle_aux_hidden_state_layer_ids: vLLM then captures this target's "
+        f"default layers {list(ids)}, {captured} distinct, but the drafter's fc reads "
+        f"{native['num_aux_hidden_states']} (add eagle_aux_hidden_state_layer_ids to its "
+        "config.json)"
+    ]

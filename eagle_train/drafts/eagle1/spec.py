@@ -35,6 +35,11 @@ class Eagle1Spec:
     vllm_method = "eagle"
     target_needs: Capability = "last_hidden_state"
     uses_draft_vocab = False
+    gpu_only: str | None = None
+
+    def served_tokens(self, config: dict[str, Any]) -> int | None:
+        """vLLM's num_speculative_tokens is a serving choice: the config does not say."""
+        return None
 
     def recognizes(self, config: dict[str, Any]) -> bool:
         archs = config.get("architectures") or []

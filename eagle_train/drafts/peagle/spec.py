@@ -35,6 +35,11 @@ class PEagleSpec:
     vllm_method = "eagle3"
     target_needs: Capability = "aux_hidden_states"
     uses_draft_vocab = True
+    gpu_only: str | None = None
+
+    def served_tokens(self, config: dict[str, Any]) -> int | None:
+        """vLLM's num_speculative_tokens is a serving choice: the config does not say."""
+        return None
 
     def recognizes(self, config: dict[str, Any]) -> bool:
         return bool(config.get("parallel_drafting")) and "mask_token_id" in config
