@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from eagle_train.config import StrictModel, refuse_moved_key
+from eagle_train.drafts.vocab_loss import LossName
 
 
 class DraftConfigBase(StrictModel):
@@ -16,6 +17,15 @@ class DraftConfigBase(StrictModel):
     # draft.draft_vocab_size asks for another size (then head rows move by target id and the
     # others start from the target's head). Read on a fresh run only, never on resume.
     init_from: Path | None = None
+
+
+class VocabLossChoice(StrictModel):
+    """``draft.loss``: the loss over the vocabulary (drafts/vocab_loss.py; docs/training.md,
+    "The loss menu"): forward_kl (soft cross-entropy to the target's distribution, the
+    default), reverse_kl, jsd, tv (total variation), lk (the LK hybrid of KL and TV) or
+    hard_ce (cross-entropy to the training sequence's next token)."""
+
+    loss: LossName = "forward_kl"
 
 
 class FusionNorms(StrictModel):

@@ -6,10 +6,10 @@ from typing import Literal
 
 from pydantic import Field
 
-from eagle_train.drafts.draft_config import DraftConfigBase
+from eagle_train.drafts.draft_config import DraftConfigBase, VocabLossChoice
 
 
-class Eagle1Config(DraftConfigBase):
+class Eagle1Config(DraftConfigBase, VocabLossChoice):
     algorithm: Literal["eagle1"] = "eagle1"
     # Llama decoder layers after fc (layer 0 has no input_layernorm, as vLLM builds it).
     num_layers: int = Field(default=1, ge=1)

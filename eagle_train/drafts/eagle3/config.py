@@ -6,10 +6,15 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
-from eagle_train.drafts.draft_config import DraftConfigBase, FusionNorms, refuse_layer_style
+from eagle_train.drafts.draft_config import (
+    DraftConfigBase,
+    FusionNorms,
+    VocabLossChoice,
+    refuse_layer_style,
+)
 
 
-class Eagle3Config(DraftConfigBase, FusionNorms):
+class Eagle3Config(DraftConfigBase, FusionNorms, VocabLossChoice):
     algorithm: Literal["eagle3"] = "eagle3"
     # Target layers whose hidden states are fused, in the "after k layers" convention
     # (vLLM's). None -> (2, L//2, L-3), which collides on targets with fewer than 7 layers.

@@ -7,7 +7,12 @@ from typing import Any, Literal
 from pydantic import Field, model_validator
 
 from eagle_train.config import SettingError, refuse_moved_key
-from eagle_train.drafts.draft_config import DraftConfigBase, FusionNorms, refuse_layer_style
+from eagle_train.drafts.draft_config import (
+    DraftConfigBase,
+    FusionNorms,
+    VocabLossChoice,
+    refuse_layer_style,
+)
 
 # vLLM reads norm_output only to pick the hidden it hands the next draft step
 # (model_executor/models/llama_eagle3.py:286); with parallel_drafting the proposer returns
@@ -19,7 +24,7 @@ NO_NORM_OUTPUT = (
 )
 
 
-class PEagleConfig(DraftConfigBase, FusionNorms):
+class PEagleConfig(DraftConfigBase, FusionNorms, VocabLossChoice):
     algorithm: Literal["peagle"] = "peagle"
     # Target layers fused by fc, "after k layers" convention; None -> (2, L//2, L-3).
     aux_layer_ids: list[int] | None = None
