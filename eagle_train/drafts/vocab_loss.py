@@ -39,6 +39,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from eagle_train.target_model import TargetFeatures
+from eagle_train.target_model.frozen import head_logits, matmul_weight
 
 LossName = Literal["forward_kl", "reverse_kl", "jsd", "tv", "lk", "hard_ce"]
 LOSS_NAMES: tuple[str, ...] = get_args(LossName)
@@ -51,16 +52,19 @@ CHUNK_ELEMENTS = 2**23
 @dataclass(frozen=True)
 class TargetRows:
     """The target's logits at each loss row, made chunk by chunk: row r is
-    ``hidden[index[r]] @ weight.T + bias`` (the target's head on its final hidden state)."""
+    ``hidden[index[r]] @ weight.T + bias`` (the target's head on its final hidden state),
+    rounded to the head's dtype as the head module computes it."""
 
     hidden: Tensor  # (M, TH) the target's final hidden states (after its final norm)
     index: Tensor  # (R,) long: the row of ``hidden`` each loss row reads
     weight: Tensor  # (V, TH) the target head's rows of the scored vocabulary, in its order
     bias: Tensor | None = None
+    dtype: torch.dtype | None = None  # the head's dtype (None: the weight's)
 
     def logits(self, start: int, stop: int) -> Tensor:
         """(stop - start, V) fp32 logits of loss rows start..stop-1."""
-        return F.linear(self.hidden[self.index[start:stop]], self.weight, self.bias).float()
+        hidden = self.hidden[self.index[start:stop]]
+        return head_logits(hidden, self.weight, self.bias, self.dtype or self.weight.dtype).float()
 
 
 @dataclass(frozen=True)
@@ -82,9 +86,11 @@ class TargetHead:
         return cls(features.final, head.weight[ids], None if bias is None else bias[ids])
 
     def rows(self, rows: Tensor, positions: Tensor) -> TargetRows:
-        """The target's logits at (``rows``, ``positions``), both (R,) long."""
+        """The target's logits at (``rows``, ``positions``), both (R,) long (the head's
+        weight readied for the matmul once here: ``matmul_weight``)."""
         flat = self.final.reshape(-1, self.final.shape[-1])
-        return TargetRows(flat, rows * self.final.shape[1] + positions, self.weight, self.bias)
+        index = rows * self.final.shape[1] + positions
+        return TargetRows(flat, index, matmul_weight(self.weight), self.bias, self.weight.dtype)
 
 
 @dataclass
