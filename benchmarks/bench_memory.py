@@ -266,7 +266,8 @@ def main() -> None:
         return
     # glibc returns blocks above 128 KiB to the system at free, so RSS follows the tensors
     env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "131072"}
-    rows = []
+    rows: list[dict] = []
+    failed = 0
     print(
         f"shape {args.shape}, {args.device}, {args.dtype}; per unit: token x TTT step "
         "(EAGLE-3), element (P-EAGLE), block slot (DFlash)"
@@ -281,6 +282,7 @@ def main() -> None:
             )
             if out.returncode != 0:
                 print(f"{name:16s} seq {seq:6d}  failed: {out.stderr.strip().splitlines()[-1]}")
+                failed += 1
                 continue
             row = json.loads(out.stdout.strip().splitlines()[-1])
             rows.append(row)
@@ -296,6 +298,8 @@ def main() -> None:
         with open(args.json + ".tmp", "w") as f:
             json.dump(rows, f, indent=1)
         os.replace(args.json + ".tmp", args.json)
+    if failed:
+        sys.exit(f"{failed} point(s) failed")
 
 
 if __name__ == "__main__":
