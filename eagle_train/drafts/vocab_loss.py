@@ -45,8 +45,11 @@ LossName = Literal["forward_kl", "reverse_kl", "jsd", "tv", "lk", "hard_ce"]
 LOSS_NAMES: tuple[str, ...] = get_args(LossName)
 LK_ETA = 3.0  # the LK hybrid's temperature (the paper's best hybrid setting)
 
-# fp32 elements of one chunk's [rows, vocabulary] tensor (32 MiB); a chunk holds a few.
+# fp32 elements of one chunk's [rows, vocabulary] tensor (32 MiB on CPU); a chunk holds a
+# few. On CUDA 512 MiB: every chunk reads the whole head weight three times, so a chunk of
+# ~1k rows keeps the matmuls compute-bound at a 128k vocabulary (not measured on a GPU yet).
 CHUNK_ELEMENTS = 2**23
+CUDA_CHUNK_ELEMENTS = 2**27
 
 
 @dataclass(frozen=True)
@@ -124,7 +127,8 @@ def vocab_loss(
         raise ValueError("draft.loss hard_ce needs labels")
     if loss != "hard_ce" and target is None:
         raise ValueError(f"draft.loss {loss}: the target's logits are needed")
-    rows = max(1, chunk_rows or CHUNK_ELEMENTS // max(head_weight.shape[0], 1))
+    budget = CUDA_CHUNK_ELEMENTS if hidden.device.type == "cuda" else CHUNK_ELEMENTS
+    rows = max(1, chunk_rows or budget // max(head_weight.shape[0], 1))
     plan = _Plan(loss, weights.detach().float(), target, labels, entropy, rows)
     if torch.is_grad_enabled() and (hidden.requires_grad or head_weight.requires_grad):
         total, *rest = _ChunkedHeadLoss.apply(hidden, head_weight, plan)
