@@ -53,10 +53,15 @@ SHAPES = {
 
 
 def load_target(
-    path: str | None, family: str, device: torch.device, max_positions: int = 2048
+    path: str | None,
+    family: str,
+    device: torch.device,
+    max_positions: int = 2048,
+    num_layers: int | None = None,
 ) -> FrozenTarget:
     """A bf16 target: ``path`` through from_pretrained, a random target of a named shape
-    (``SHAPES``, built on ``device``), else the default demo target's architecture
+    (``SHAPES``, built on ``device``; ``num_layers`` of its decoder layers when given, for
+    a benchmark that never runs the target), else the default demo target's architecture
     (``family``) with random weights, covering ``max_positions``."""
     from transformers import (
         AutoModelForCausalLM,
@@ -66,7 +71,8 @@ def load_target(
     )
 
     if path in SHAPES:
-        config = LlamaConfig(**SHAPES[path], max_position_embeddings=max(8192, max_positions))
+        sizes = {**SHAPES[path], **({"num_hidden_layers": num_layers} if num_layers else {})}
+        config = LlamaConfig(**sizes, max_position_embeddings=max(8192, max_positions))
         with torch.device(device):
             model = LlamaForCausalLM(config).to(torch.bfloat16)
         return FrozenTarget(model)

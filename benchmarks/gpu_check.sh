@@ -18,6 +18,9 @@
 #   1 environment          torch, CUDA, GPUs, vLLM
 #   2 train SmolLM2        bf16 EAGLE-3 (seq 2048, K 7) and DFlash (512 blocks x 16): tokens/s, peak
 #   3 train 8B shape       the same on a Llama-3.1-8B-shaped random target (no download)
+#   3b memory 8B shape     bench_memory.py: peak memory per token per TTT step (element, block
+#                          slot) against its bound at 8k and 32k tokens, EAGLE-3 K=7 (draft and
+#                          full vocabulary), P-EAGLE, DFlash
 #   4 optimizer            MasterWeightAdamW vs torch AdamW at 100M and 300M params
 #   5 DDP                  NCCL, one GPU per process, when more than one GPU is present
 #   6 regeneration         prepare-data regenerating chats with vLLM: generated tokens/s
@@ -64,10 +67,12 @@ if [ "$DRY" = 1 ]; then
   CHATS=16 GEN_TOKENS=16 TRAIN_STEPS=2 EVAL_LIMIT=1 EVAL_TOKENS=8 KV="--set regenerate.kv_cache_memory_bytes=67108864"
   EVAL_KV="--set kv_cache_memory_bytes=67108864" MAXLEN=256
   REAL_AUX="1 2 3" BIG_AUX="1 2 3" TRAIN_AUX="[1,2,3]" BATCH=2  # 16 rows fill 2 ranks x 2
+  MEM_SEQS="128 256" MEM_CASES="eagle3-k1-full dflash-b16-full"
 else
   DEVICE=cuda SEQ=2048 K=7 ANCHORS=512 BLOCK=16 STEPS=3 SIZES=100M,300M BIG=llama3-8b
   CHATS=256 GEN_TOKENS=256 TRAIN_STEPS=200 EVAL_LIMIT=20 EVAL_TOKENS=256 KV="" EVAL_KV="" MAXLEN=2048
   REAL_AUX="2 15 27" BIG_AUX="2 16 29" TRAIN_AUX=null BATCH=8  # aux: vLLM's (2, L//2, L-3)
+  MEM_SEQS="8192 32768" MEM_CASES="eagle3-k7-dv eagle3-k7-full peagle-k4-full dflash-b16-full"
 fi
 
 environment() {
@@ -99,7 +104,7 @@ demo_world() {  # chats for regeneration; on a dry run also the target (barely p
 
 real_target() {  # sets TARGET
   if [ -n "$TARGET" ] && [ ! -e "$TARGET" ] && "$PY" -c \
-    "import sys; sys.path.insert(0, 'scripts'); import benchlib; assert sys.argv[1] in benchlib.SHAPES" \
+    "import sys; sys.path.insert(0, 'benchmarks'); import benchlib; assert sys.argv[1] in benchlib.SHAPES" \
     "$TARGET" 2>/dev/null; then
     echo "target: random weights of the shape $TARGET (benchmarks/benchlib.py)"; return 0
   fi
@@ -187,6 +192,9 @@ if [ -n "$TARGET" ]; then
   step "2 train (real target)" train_figures "$TARGET" "$REAL_AUX"
 fi
 step "3 train ($BIG random target)" train_figures "$BIG" "$BIG_AUX"
+# shellcheck disable=SC2086  # MEM_SEQS and MEM_CASES are word lists
+step "3b memory ($BIG shape)" "$PY" benchmarks/bench_memory.py --shape "$BIG" --device "$DEVICE" \
+  --seqs $MEM_SEQS --cases $MEM_CASES --steps 1
 step "4 optimizer" "$PY" benchmarks/bench_optimizer.py --device "$DEVICE" --sizes "$SIZES" --steps "$STEPS"
 for name in "6 regeneration" "5 DDP" "7 acceptance"; do
   if [ -n "$NO_VLLM" ]; then skip "$name" "$NO_VLLM"

@@ -17,6 +17,13 @@ def has_field(algorithm: str, name: str) -> bool:
     return name in DRAFTS[algorithm].config_cls.model_fields
 
 
+def loss_from_data(algorithm: str) -> bool:
+    """Whether the algorithm's ``draft.loss`` defaults to ``auto`` (train-draft resolves it
+    from the training data's meta.json: a test building the run config without data sets it)."""
+    field = DRAFTS[algorithm].config_cls.model_fields.get("loss")
+    return field is not None and field.default == "auto"
+
+
 def has_speculators_format(spec: DraftSpec) -> bool:
     """Whether vLLM reads a vllm-project/speculators drafter of the algorithm: vLLM has a
     speculators type for every method but "eagle" (EAGLE-1's)."""

@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
 from eagle_train.data.loader import Batch
+from eagle_train.drafts import vocab_loss
 from eagle_train.drafts.dflash.attention import block_attention
 from eagle_train.drafts.dflash.blocks import (
     default_layer_ids,
@@ -26,6 +27,7 @@ from eagle_train.drafts.dflash.blocks import (
 from eagle_train.drafts.dflash.config import DFlashConfig
 from eagle_train.drafts.dflash.loss import BlockStats, dflash_loss
 from eagle_train.drafts.registry import get_draft, identify_drafter
+from eagle_train.drafts.vocab_loss import TargetHead
 from eagle_train.target_model import FrozenTarget, describe_target
 from eagle_train.target_model.frozen import TargetFeatures
 
@@ -127,7 +129,7 @@ def tiny_target(mask_in_vocab: bool = True) -> FrozenTarget:
 
 
 def build(target: FrozenTarget, **kw):
-    kw.setdefault("loss_target", "hard")
+    kw.setdefault("loss", "hard_ce")
     cfg = DFlashConfig(
         target_layer_ids=[0, 1, 2], num_layers=2, block_size=4, mask_token_id=MASK, **kw
     )
@@ -244,7 +246,7 @@ def test_slot_weights_and_gamma_rule() -> None:
     assert w[14].item() == pytest.approx(math.exp(-14 / 7))
 
 
-@pytest.mark.parametrize("loss_target", ["hard", "distill"])
+@pytest.mark.parametrize("loss_target", ["hard_ce", "forward_kl"])
 def test_loss_alignment(loss_target: str) -> None:
     g = torch.Generator().manual_seed(6)
     ids = torch.randint(0, 5, (1, 8), generator=g)
@@ -254,18 +256,19 @@ def test_loss_alignment(loss_target: str) -> None:
     mask = torch.tensor([[[True, True], [False, False]]])
     weights = torch.tensor([1.0, 0.5])
     greedy = target_logits.argmax(-1)
-    soft = target_logits if loss_target == "distill" else None  # hard never reads them
+    # the logits themselves as hidden states through identity heads; hard never reads them
+    soft = TargetHead(target_logits, torch.eye(5)) if loss_target == "forward_kl" else None
 
     def loss(mask: torch.Tensor, loss_target: str = loss_target) -> BlockStats:
         return dflash_loss(
-            logits, lambda h: h, ids, greedy, soft, anchors, mask, weights, loss_target, 5
+            logits, torch.eye(5), ids, greedy, soft, anchors, mask, weights, loss_target
         )
 
     stats = loss(mask)
     per = []
     for k in (1, 2):  # slot k of the block at 2 predicts x_{2+k}; target logits at 2+k-1
         logq = torch.log_softmax(logits[0, 0, k - 1], -1)
-        if loss_target == "hard":
+        if loss_target == "hard_ce":
             per.append(-logq[ids[0, 2 + k]])
         else:
             per.append(-(torch.softmax(target_logits[0, 1 + k], -1) * logq).sum())
@@ -277,30 +280,33 @@ def test_loss_alignment(loss_target: str) -> None:
     assert stats.correct[0, 0].tolist() == [
         bool(logits[0, 0, k - 1].argmax() == target_logits[0, 1 + k].argmax()) for k in (1, 2)
     ]
-    with pytest.raises(ValueError, match="draft.loss_target 'auto': expected hard or distill"):
+    with pytest.raises(ValueError, match="draft.loss 'auto': expected one of forward_kl, "):
         loss(mask, "auto")
-    if loss_target == "hard":
-        with pytest.raises(ValueError, match="distill: the target's logits are needed"):
-            loss(mask, "distill")
+    if loss_target == "hard_ce":
+        with pytest.raises(ValueError, match="forward_kl: the target's logits are needed"):
+            loss(mask, "forward_kl")
 
 
-@pytest.mark.parametrize("loss_target", ["hard", "distill"])
-def test_chunked_head_equals_a_plain_loss(loss_target: str) -> None:
+@pytest.mark.parametrize("loss_target", ["hard_ce", "forward_kl"])
+def test_chunked_head_equals_a_plain_loss(
+    loss_target: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(vocab_loss, "CHUNK_ELEMENTS", 6)  # one slot (of 6 logits) per chunk
     g = torch.Generator().manual_seed(7)
     ids = torch.randint(0, 6, (2, 12), generator=g)
     target_logits = torch.randn(2, 12, 6, generator=g)
     hidden = torch.randn(2, 4, 3, 5, generator=g, requires_grad=True)
-    head = torch.nn.Linear(5, 6)
+    head = torch.nn.Linear(5, 6, bias=False)
     anchors = torch.tensor([[1, 3, 5, 8], [2, 6, 0, 0]])
     # per-slot masks: a turn ending inside a block, padding blocks all zero
     mask = torch.tensor(
         [[[1, 1, 1], [1, 0, 0], [1, 1, 0], [1, 1, 1]], [[1, 1, 1], [0, 1, 1], [0] * 3, [0] * 3]]
     ).bool()
     weights = torch.tensor([1.0, 0.7, 0.4])
-    soft = target_logits if loss_target == "distill" else None
+    soft = TargetHead(target_logits, torch.eye(6)) if loss_target == "forward_kl" else None
     got = dflash_loss(
         hidden,
-        head,
+        head.weight,
         ids,
         target_logits.argmax(-1),
         soft,
@@ -308,16 +314,14 @@ def test_chunked_head_equals_a_plain_loss(loss_target: str) -> None:
         mask,
         weights,
         loss_target,
-        6,
-        chunk_bytes=1,
-    )  # one block per chunk, each recomputed in backward
+    )
     # plain: all logits at once, one term per supervised (block, slot)
     logq = torch.log_softmax(head(hidden), -1)
     terms, total_w = [], 0.0
     for b, m, j in mask.nonzero().tolist():
         for k in (j + 1,):
             a = int(anchors[b, m])
-            if loss_target == "hard":
+            if loss_target == "hard_ce":
                 loss = -logq[b, m, k - 1, ids[b, a + k]]
             else:
                 loss = -(torch.softmax(target_logits[b, a + k - 1], -1) * logq[b, m, k - 1]).sum()
@@ -347,12 +351,13 @@ def test_compute_loss_trains_draft_only_and_shares_target_head() -> None:
     assert not any(k.startswith(("embed", "lm_head")) for k in draft.state_dict())
 
 
-@pytest.mark.parametrize("loss_target", ["hard", "distill"])
+@pytest.mark.parametrize("loss_target", ["hard_ce", "forward_kl"])
 def test_stored_greedy_tokens_score_like_the_full_logits(loss_target: str) -> None:
-    # A feature cache (format 2) stores the target's greedy tokens: hard labels then never
-    # run the full head on the target's side, and the metrics are those of the full logits.
+    # A feature cache (format 2) stores the target's greedy tokens: the target's full logits
+    # are then never formed (its head runs chunk by chunk inside the loss, and not at all
+    # for hard labels), and the metrics are those of the full logits.
     target = tiny_target()
-    cfg, draft = build(target, num_anchors=6, loss_target=loss_target)
+    cfg, draft = build(target, num_anchors=6, loss=loss_target)
     ids = torch.randint(4, 64, (2, 24))
     batch = Batch(ids, torch.ones_like(ids), torch.ones_like(ids), torch.tensor([24, 20]))
     online = target.features(ids, None, SPEC.target_layer_ids(cfg, target.description))
@@ -369,7 +374,7 @@ def test_stored_greedy_tokens_score_like_the_full_logits(loss_target: str) -> No
         got = SPEC.compute_loss(draft, features, batch, cfg).metrics
         shifted = SPEC.compute_loss(draft, stored(greedy.roll(1, -1).int()), batch, cfg).metrics
     assert got == pytest.approx(want)
-    assert ("logits" in features.__dict__) == (loss_target == "distill")
+    assert "logits" not in features.__dict__
     assert shifted["acc_0"] != want["acc_0"]  # the stored tokens are what is scored
 
 

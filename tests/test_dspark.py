@@ -39,7 +39,7 @@ def tiny_target(vocab: int = 64) -> FrozenTarget:
 
 
 def build(target: FrozenTarget, **kw):
-    kw.setdefault("loss_target", "hard")
+    kw.setdefault("loss", "hard_ce")
     kw.setdefault("markov_rank", 8)
     cfg = DSparkConfig(
         target_layer_ids=[0, 1, 2], num_layers=1, block_size=4, mask_token_id=MASK, **kw
@@ -101,7 +101,7 @@ def reference_objective(draft, hidden, ids, target_logits, anchors, mask, cfg) -
                 z = head @ h + w2 @ e
                 q = torch.exp(z - torch.logsumexp(z, 0))
                 p = torch.exp(target_logits[b, a + k] - torch.logsumexp(target_logits[b, a + k], 0))
-                if cfg.loss_target == "hard":
+                if cfg.loss == "hard_ce":
                     ce = -torch.log(q[int(ids[b, a + k + 1])])
                 else:
                     ce = -(p * torch.log(q)).sum()
@@ -119,12 +119,10 @@ def reference_objective(draft, hidden, ids, target_logits, anchors, mask, cfg) -
     return dist / dist_w + cfg.confidence_weight * conf / conf_n
 
 
-@pytest.mark.parametrize("loss_target, confidence_target", [("hard", "tv"), ("distill", "greedy")])
-def test_objective_equals_a_slot_by_slot_reference(loss_target, confidence_target) -> None:
+@pytest.mark.parametrize("loss, confidence_target", [("hard_ce", "tv"), ("forward_kl", "greedy")])
+def test_objective_equals_a_slot_by_slot_reference(loss, confidence_target) -> None:
     target = tiny_target(BIG_VOCAB)
-    cfg, draft = build(
-        target, loss_target=loss_target, confidence_target=confidence_target, ce_weight=0.3
-    )
+    cfg, draft = build(target, loss=loss, confidence_target=confidence_target, ce_weight=0.3)
     g = torch.Generator().manual_seed(5)
     length = 13
     ids = torch.randint(32_768, BIG_VOCAB, (2, length), generator=g)

@@ -14,6 +14,7 @@ from eagle_train.drafts.eagle3.loss import eagle3_loss, step_weights
 from eagle_train.drafts.eagle3.model import Eagle3Draft
 from eagle_train.drafts.eagle_family import valid_slots
 from eagle_train.drafts.registry import get_draft
+from eagle_train.drafts.vocab_loss import TargetHead
 from eagle_train.target_model import FrozenTarget
 
 SPEC = get_draft("eagle3")
@@ -110,7 +111,8 @@ def test_loss_uses_target_distribution_restricted_to_draft_vocab() -> None:
     # one row, every token supervised: step 0's slots are 0 .. length - 3
     stats = eagle3_loss(
         [draft_logits[0][0, : length - 2]],
-        target_logits[..., ids],
+        torch.eye(vd),  # the logits themselves as hidden states through identity heads
+        TargetHead(target_logits, torch.eye(vocab)[ids]),
         greedy,
         vocab,
         mask,
@@ -141,10 +143,12 @@ def test_drop_out_of_vocab_leaves_out_slots_the_draft_cannot_propose() -> None:
         p = torch.softmax(target_logits[0, t + 1 + step, ids], -1)
         return -(p * torch.log_softmax(draft_logits[step][0, t], -1)).sum()
 
-    target_draft, greedy = target_logits[..., ids], target_logits.argmax(-1)
+    greedy = target_logits.argmax(-1)
+    # the logits themselves as hidden states through identity heads
+    head, target = torch.eye(4), TargetHead(target_logits, torch.eye(vocab)[ids])
     # every token supervised: step k reads slots 0 .. length - 3 - k
     at_slots = [draft_logits[k][0, : length - 2 - k] for k in range(2)]
-    stats = eagle3_loss(at_slots, target_draft, greedy, vocab, mask, lengths, d2t, 0.5, True)
+    stats = eagle3_loss(at_slots, head, target, greedy, vocab, mask, lengths, d2t, 0.5, True)
     # step 0: slots 0..3 read positions 1..4 -> kept 0 and 2; step 1: slots 0..2 read
     # positions 2..4 -> kept 1 (position 3). Weights 0.5^k normalised: 2/3, 1/3.
     step0 = (soft_ce(0, 0) + soft_ce(0, 2)) / 2
@@ -152,7 +156,7 @@ def test_drop_out_of_vocab_leaves_out_slots_the_draft_cannot_propose() -> None:
     assert stats.loss.item() == pytest.approx((2 / 3 * step0 + 1 / 3 * step1).item(), rel=1e-5)
     # metrics still count every supervised slot (what serving would see)
     assert stats.valid[0].int().tolist() == [[1, 1, 1, 1, 0, 0]]
-    kept = eagle3_loss(at_slots, target_draft, greedy, vocab, mask, lengths, d2t, 0.5, False)
+    kept = eagle3_loss(at_slots, head, target, greedy, vocab, mask, lengths, d2t, 0.5, False)
     all0 = torch.stack([soft_ce(0, t) for t in range(4)]).mean()
     assert kept.step_losses[0] == pytest.approx(all0.item(), rel=1e-5)
 

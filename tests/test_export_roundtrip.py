@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import REPO
-from draft_cases import ALGORITHMS, has_field
+from draft_cases import ALGORITHMS, loss_from_data
 from safetensors.torch import load_file
 
 from eagle_train.config import load_config
@@ -60,7 +60,7 @@ def test_export_loads_back_and_computes_the_same(
             f"target.path={target.model.name_or_path}",
             "target.dtype=float32",  # an fp32 export: the comparison can be exact
             "data.train=unused",
-            *(["draft.loss_target=hard"] if has_field(algorithm, "loss_target") else []),
+            *(["draft.loss=hard_ce"] if loss_from_data(algorithm) else []),
         ],
     )
     spec = get_draft(algorithm)

@@ -10,6 +10,7 @@ import torch.nn.functional as F
 
 from eagle_train.drafts.dflash.loss import dflash_loss
 from eagle_train.drafts.eagle3.loss import StepStats, accuracy_metrics, eagle3_loss
+from eagle_train.drafts.vocab_loss import TargetHead
 from eagle_train.evaluate.offline import OfflineAcceptance, replay_cycles
 
 # 0.8^k for k = 0, 1, 2, normalised: 1, 0.8, 0.64 over 2.44.
@@ -25,7 +26,7 @@ def test_eagle3_loss_k3_matches_a_hand_reference() -> None:
     draft_logits = [torch.randn(b, t, len(ids)) for _ in range(3)]
     loss_mask = torch.tensor([[0, 0, 1, 1, 1, 0, 1, 1, 1], [0, 1, 1, 1, 1, 1, 1, 0, 0]])
     lengths = torch.tensor([9, 7])
-    target_draft, greedy = target_logits[..., ids], target_logits.argmax(-1)
+    greedy = target_logits.argmax(-1)
     # The loss reads step k's logits at its supervised slots only, in row-major order.
     supervised = [
         [
@@ -37,7 +38,9 @@ def test_eagle3_loss_k3_matches_a_hand_reference() -> None:
         for k in range(3)
     ]
     at_slots = [torch.stack([draft_logits[k][i, s] for i, s in supervised[k]]) for k in range(3)]
-    stats = eagle3_loss(at_slots, target_draft, greedy, vocab, loss_mask, lengths, d2t, 0.8)
+    # the logits themselves as hidden states through identity heads
+    head, target = torch.eye(len(ids)), TargetHead(target_logits, torch.eye(vocab)[ids])
+    stats = eagle3_loss(at_slots, head, target, greedy, vocab, loss_mask, lengths, d2t, 0.8)
 
     total = 0.0
     for k in range(3):
@@ -82,15 +85,14 @@ def test_dflash_loss_matches_a_hand_reference() -> None:
     weights = torch.tensor([1.0, 0.5, 0.25])
     stats = dflash_loss(
         hidden,
-        lambda h: h @ head_weight.T,
+        head_weight,
         input_ids,
         target_logits.argmax(-1),
         None,  # hard labels never read the target's logits
         anchors,
         mask,
         weights,
-        "hard",
-        vocab,
+        "hard_ce",
     )
     num, den = 0.0, 0.0
     for n, a in enumerate([1, 4]):  # the valid blocks

@@ -29,7 +29,7 @@ EXACT = {
     "eagle1": ["draft.feature_noise=0"],
     "eagle3": ["draft.ttt_steps=1"],
     "peagle": [],
-    "dflash": ["draft.num_anchors=512", "draft.loss_target=distill"],
+    "dflash": ["draft.num_anchors=512", "draft.loss=forward_kl"],
 }
 MAX_LENGTH = 96
 

@@ -189,19 +189,19 @@ def test_a_checkpoint_written_before_the_move_still_reads(tmp_path: Path) -> Non
         assert stored_config(tmp_path).draft.draft_vocab_size == size
 
 
-def test_dflash_loss_target_auto_follows_the_training_data(
+def test_dflash_loss_auto_follows_the_training_data(
     tiny_world: Path, tiny_llama_data: Path, tmp_path: Path
 ) -> None:
-    """auto: hard on answers the target regenerated, distill on the dataset's own answers
+    """auto: hard_ce on answers the target regenerated, forward_kl on the dataset's own answers
     (measured both ways, README); an explicit choice is kept; other drafts are untouched."""
     path = REPO / "configs" / "train" / "dflash-llama-demo.yaml"
     cfg = load_config(RunConfig, path, ["target.path=t", "data.train=d"])
-    assert cfg.draft.loss_target == "auto"
+    assert cfg.draft.loss == "auto"
     regenerated = {"regeneration": {"settings": {"model": "t", "temperature": 0.0}}}
-    assert with_data_defaults(cfg, regenerated).draft.loss_target == "hard"
-    assert with_data_defaults(cfg, {"regeneration": None}).draft.loss_target == "distill"
-    hard = load_config(RunConfig, path, ["target.path=t", "data.train=d", "draft.loss_target=hard"])
-    assert with_data_defaults(hard, {"regeneration": None}).draft.loss_target == "hard"
+    assert with_data_defaults(cfg, regenerated).draft.loss == "hard_ce"
+    assert with_data_defaults(cfg, {"regeneration": None}).draft.loss == "forward_kl"
+    hard = load_config(RunConfig, path, ["target.path=t", "data.train=d", "draft.loss=hard_ce"])
+    assert with_data_defaults(hard, {"regeneration": None}).draft.loss == "hard_ce"
     eagle3 = load_config(
         RunConfig,
         REPO / "configs" / "train" / "eagle3-llama-demo.yaml",
@@ -226,6 +226,6 @@ def test_dflash_loss_target_auto_follows_the_training_data(
     args = ["-c", str(path), *[x for s in sets for x in ("--set", s)]]
     result = CliRunner().invoke(train_draft_app, args)
     assert result.exit_code == 0, result.output
-    assert yaml.safe_load((out / "config.yaml").read_text())["draft"]["loss_target"] == "distill"
+    assert yaml.safe_load((out / "config.yaml").read_text())["draft"]["loss"] == "forward_kl"
     saved = stored_config(out / "checkpoints" / "step-0000001")
-    assert saved.draft.loss_target == "distill"
+    assert saved.draft.loss == "forward_kl"

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import REPO
-from draft_cases import has_field, has_speculators_format
+from draft_cases import has_speculators_format, loss_from_data
 from safetensors.torch import load_file, save_file
 from test_export_roundtrip import loss_of, perturbed_draft
 
@@ -60,7 +60,7 @@ def run_config(algorithm: str, target: FrozenTarget, *overrides: str) -> RunConf
             f"target.path={target.model.name_or_path}",
             "target.dtype=float32",  # an fp32 export: the comparison can be exact
             "data.train=unused",
-            *(["draft.loss_target=hard"] if has_field(algorithm, "loss_target") else []),
+            *(["draft.loss=hard_ce"] if loss_from_data(algorithm) else []),
             *(["draft.draft_vocab_size=null"] if get_draft(algorithm).uses_draft_vocab else []),
             *overrides,
         ],

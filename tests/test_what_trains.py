@@ -9,7 +9,7 @@ import pytest
 import torch
 import transformers as T
 from conftest import REPO
-from draft_cases import ALGORITHMS, has_field
+from draft_cases import ALGORITHMS, has_field, loss_from_data
 
 from eagle_train.config import load_config
 from eagle_train.data.loader import Batch
@@ -91,8 +91,8 @@ def demo_draft(algorithm: str, family: str, sets: tuple[str, ...] = ()):
     sets = ["data.train=unused", "target.dtype=float32", *sets]
     if has_field(algorithm, "mask_token_id"):
         sets.append("draft.mask_token_id=3")
-    if has_field(algorithm, "loss_target"):
-        sets.append("draft.loss_target=hard")
+    if loss_from_data(algorithm):
+        sets.append("draft.loss=hard_ce")
     cfg = load_config(
         RunConfig, REPO / "configs" / "train" / f"{algorithm}-{family}-demo.yaml", sets
     )

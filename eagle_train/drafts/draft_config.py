@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from eagle_train.config import StrictModel
+from eagle_train.drafts.vocab_loss import LossName
 
 # The most tokens a draft may be trained to propose per step (ttt_steps, parallel_steps,
 # block_size - 1, num_speculative_tokens) and the most layers it may have: activation memory
@@ -21,6 +22,18 @@ class DraftConfigBase(StrictModel):
     training; the optimizer starts fresh. Its draft vocabulary is kept unless
     draft.draft_vocab_size asks for another size (then head rows move by target id and the
     others start from the target's head). Read on a fresh run only, never on resume."""
+
+
+class VocabLossChoice(StrictModel):
+    """``draft.loss``: the loss over the vocabulary (drafts/vocab_loss.py; docs/training.md,
+    "The loss menu"): forward_kl (soft cross-entropy to the target's distribution, the
+    default), reverse_kl, jsd, tv (total variation), lk (the LK hybrid of KL and TV) or
+    hard_ce (cross-entropy to the training sequence's next token)."""
+
+    loss: LossName = "forward_kl"
+    """The loss over the vocabulary: forward_kl (today's and the papers' choice), reverse_kl,
+    jsd, tv, lk or hard_ce, each computed in chunks with no [tokens, vocabulary] tensor kept
+    for backward (drafts/vocab_loss.py; docs/training.md, "The loss menu")."""
 
 
 class FusionNorms(StrictModel):

@@ -50,7 +50,9 @@ class TargetFeatures:
         """(B, T) the target's greedy next token (the first of tied maxima)."""
         if self.stored_greedy is not None:
             return self.stored_greedy.long()
-        return self.logits.max(-1).indices  # argmax's result; 4x faster on bf16 CPU tensors
+        if "logits" in self.__dict__:
+            return self.logits.max(-1).indices  # argmax's result; 4x faster on bf16 CPU
+        return chunked_argmax(self.final, self.head)
 
     def logits_of(self, ids: Tensor) -> Tensor:
         """(B, T, len(ids)) the logits of the target tokens ``ids``: their rows of the head
@@ -59,6 +61,43 @@ class TargetFeatures:
             return self.logits[..., ids]
         bias = getattr(self.head, "bias", None)
         return F.linear(self.final, self.head.weight[ids], None if bias is None else bias[ids])
+
+
+# Rows of the head computed at once by ``chunked_argmax``: about 32 MiB of fp32 logits.
+_ARGMAX_CHUNK_ELEMENTS = 2**23
+
+
+def matmul_weight(weight: Tensor) -> Tensor:
+    """The head weight a logits matmul should use: on CPU a half-precision one in fp32 (its
+    products are exact in fp32, and torch's bf16 matmul is ~10x slower on CPUs without bf16
+    units), rounded back by ``head_logits``; elsewhere ``weight`` itself."""
+    if weight.device.type == "cpu" and weight.dtype in (torch.bfloat16, torch.float16):
+        return weight.float()
+    return weight
+
+
+def head_logits(hidden: Tensor, weight: Tensor, bias: Tensor | None, dtype: torch.dtype) -> Tensor:
+    """``hidden @ weight.T + bias`` rounded to the head's ``dtype`` (what the head module
+    computes), ``weight`` from ``matmul_weight``."""
+    out = F.linear(hidden.to(weight.dtype), weight, None if bias is None else bias.to(weight.dtype))
+    return out.to(dtype)
+
+
+def chunked_argmax(hidden: Tensor, head: nn.Module) -> Tensor:
+    """(..., H) -> (...) the head's argmax over the whole vocabulary (the first of tied
+    maxima), a chunk of rows at a time: the [tokens, vocabulary] logits never exist whole."""
+    flat = hidden.reshape(-1, hidden.shape[-1])
+    weight = head.weight
+    matmul = matmul_weight(weight)
+    bias = getattr(head, "bias", None)
+    rows = max(1, _ARGMAX_CHUNK_ELEMENTS // max(int(weight.shape[0]), 1))
+    out = [
+        head_logits(flat[s : s + rows], matmul, bias, weight.dtype).max(-1).indices
+        for s in range(0, flat.shape[0], rows)
+    ]
+    if not out:
+        return torch.zeros(hidden.shape[:-1], dtype=torch.long, device=hidden.device)
+    return torch.cat(out).view(hidden.shape[:-1])
 
 
 class FrozenTarget(nn.Module):

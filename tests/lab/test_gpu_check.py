@@ -30,12 +30,21 @@ def test_gpu_check_dry_run(tmp_path: Path) -> None:
     assert "failed steps: 0" in log
     for figure in (
         "tok/s",  # training throughput (bench_train)
+        "marginal memory per unit",  # bench_memory against its bound
         "regenerated",  # vLLM regeneration tokens/s
         "Interleaved speedup",  # eval-acceptance with the target alone timed in rounds
         "Greedy outputs equal to the target alone's",
     ):
         assert figure in log, figure
-    for step in ("2 train (real target)", "3 train", "4 optimizer", "5 DDP", "7 acceptance"):
+    steps = (
+        "2 train (real target)",
+        "3 train",
+        "3b memory",
+        "4 optimizer",
+        "5 DDP",
+        "7 acceptance",
+    )
+    for step in steps:
         assert f"--- {step}" in log and f"--- {step}: FAILED" not in log
 
 

@@ -1,6 +1,6 @@
 """DFlash loss and metrics: functions of the draft's block outputs, the (shared, frozen)
-head, the sequence and the target's greedy tokens (and logits, for ``distill``); no module
-state.
+head, the sequence and the target's greedy tokens (and its head and final hidden states, for
+the losses that read its distribution); no module state.
 
 Alignment: block slot k (1..B-1) of the block anchored at a predicts x_{a+k}; the target's
 logits at position p predict x_{p+1}, so the target distribution for that slot is the
@@ -9,15 +9,12 @@ target's logits at a+k-1, and what greedy verification accepts is their argmax.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
-from torch.utils.checkpoint import checkpoint
 
-# Transient fp32 logits per chunk of blocks (bytes).
-_CHUNK_BYTES = 256 * 2**20
+from eagle_train.drafts.vocab_loss import LOSS_NAMES, TargetHead, vocab_loss
 
 
 @dataclass
@@ -37,29 +34,28 @@ def _gather_positions(x: Tensor, positions: Tensor) -> Tensor:
 
 def dflash_loss(
     hidden: Tensor,
-    head: Callable[[Tensor], Tensor],
+    head_weight: Tensor,
     input_ids: Tensor,
     target_greedy: Tensor,
-    target_logits: Tensor | None,
+    target: TargetHead | None,
     anchors: Tensor,
     mask: Tensor,
     weights: Tensor,
-    loss_target: str,
-    vocab_size: int,
-    chunk_bytes: int = _CHUNK_BYTES,
+    loss: str,
 ) -> BlockStats:
-    """``hidden`` (Bt, N, B-1, H) draft outputs of slots 1..B-1, ``head`` maps them to
-    (.., V) logits, V = ``vocab_size``; ``target_greedy`` (Bt, T) the target's argmax per
-    position; ``target_logits`` (Bt, T, V), read by ``distill`` alone (``hard`` takes None);
-    ``mask`` (Bt, N, B-1) the supervised slots (``blocks.slot_mask``); ``weights`` (B-1,)
-    slot weights.
+    """``hidden`` (Bt, N, B-1, H) draft outputs of slots 1..B-1, ``head_weight`` (V, H) the
+    head that maps them to logits over the target's V tokens; ``target_greedy`` (Bt, T) the
+    target's argmax per position; ``target`` the target's head and final hidden states,
+    read by every loss but ``hard_ce`` (which takes None); ``mask`` (Bt, N, B-1) the
+    supervised slots (``blocks.slot_mask``); ``weights`` (B-1,) slot weights; ``loss`` a
+    ``draft.loss`` name (auto resolved before).
 
-    Loss = sum(w * m * l) / sum(w * m), l = cross-entropy to x_{a+k}
-    (``hard``) or soft cross-entropy to the target's distribution at a+k-1 (``distill``).
+    Loss = sum(w * m * l) / sum(w * m), l = cross-entropy to x_{a+k} (``hard_ce``) or the
+    menu's divergence to the target's distribution at a+k-1 (``forward_kl``: soft CE).
 
-    The (Bt, N, B-1, V) logits are the largest tensor of a step (512 blocks of 16 over a
-    150k vocabulary: 4.6 GB in fp32 per sequence), so blocks go through the head in chunks,
-    each recomputed in backward (activation checkpointing): one chunk's logits live at a time.
+    The (Bt, N, B-1, V) logits would be the largest tensor of a step (512 blocks of 16 over a
+    150k vocabulary: 4.6 GB in fp32 per sequence), so slots go through the head in chunks
+    (``vocab_loss``): one chunk's logits live at a time, and none is kept for backward.
     """
     bt, n, slots, _ = hidden.shape
     length = input_ids.shape[1]
@@ -67,55 +63,27 @@ def dflash_loss(
     # Padding blocks may run past the end: clamp (their weight is 0).
     label_pos = (anchors[..., None] + k).clamp(max=length - 1)  # (Bt, N, B-1)
     w = weights.to(hidden.device)[None, None, :] * mask
-    if loss_target == "distill" and target_logits is None:
-        raise ValueError("draft.loss_target distill: the target's logits are needed")
-    chunk = max(1, chunk_bytes // (4 * bt * slots * vocab_size))
-    total = hidden.new_zeros((), dtype=torch.float32)
-    draft_argmax = []
-    for n0 in range(0, n, chunk):
-        args = (hidden[:, n0 : n0 + chunk], label_pos[:, n0 : n0 + chunk], w[:, n0 : n0 + chunk])
-        terms = _ChunkTerms(head, input_ids, target_logits, loss_target)
-        if torch.is_grad_enabled() and hidden.requires_grad:
-            part, argmax = checkpoint(terms, *args, use_reentrant=False)
-        else:
-            part, argmax = terms(*args)
-        total = total + part
-        draft_argmax.append(argmax)
-    loss = total / w.sum().clamp(min=1e-6)
+    if loss not in LOSS_NAMES:
+        raise ValueError(
+            f"draft.loss {loss!r}: expected one of {', '.join(LOSS_NAMES)} (train-draft "
+            "resolves auto from the training data before the first step)"
+        )
+    if loss != "hard_ce" and target is None:
+        raise ValueError(f"draft.loss {loss}: the target's logits are needed")
+    rows = torch.arange(bt, device=hidden.device)[:, None, None].expand_as(label_pos)
+    out = vocab_loss(
+        hidden.reshape(bt * n * slots, -1),
+        head_weight,
+        (w / w.sum().clamp(min=1e-6)).reshape(-1),
+        loss,
+        None
+        if loss == "hard_ce" or target is None
+        else target.rows(rows.reshape(-1), (label_pos - 1).reshape(-1)),
+        _gather_positions(input_ids, label_pos).reshape(-1) if loss == "hard_ce" else None,
+    )
     target_argmax = _gather_positions(target_greedy, label_pos - 1)
-    correct = torch.cat(draft_argmax, dim=1) == target_argmax
-    return BlockStats(loss=loss, correct=correct, mask=mask)
-
-
-class _ChunkTerms:
-    """Weighted loss sum and draft argmax of a chunk of blocks (re-run by checkpoint)."""
-
-    def __init__(
-        self,
-        head: Callable[[Tensor], Tensor],
-        input_ids: Tensor,
-        target_logits: Tensor | None,
-        loss_target: str,
-    ) -> None:
-        if loss_target not in ("hard", "distill"):
-            raise ValueError(
-                f"draft.loss_target {loss_target!r}: expected hard or distill (train-draft "
-                "resolves auto from the training data before the first step)"
-            )
-        self.head, self.input_ids, self.target_logits = head, input_ids, target_logits
-        self.loss_target = loss_target
-
-    def __call__(self, hidden: Tensor, label_pos: Tensor, w: Tensor) -> tuple[Tensor, Tensor]:
-        logits = self.head(hidden)
-        logq = torch.log_softmax(logits.float(), dim=-1)
-        if self.loss_target == "hard":
-            labels = _gather_positions(self.input_ids, label_pos)
-            per_slot = -logq.gather(-1, labels[..., None]).squeeze(-1)
-        else:
-            assert self.target_logits is not None  # dflash_loss checked it
-            target = _gather_positions(self.target_logits, label_pos - 1).float()
-            per_slot = -(torch.softmax(target, dim=-1) * logq).sum(-1)
-        return (w * per_slot).sum(), logits.argmax(-1)
+    correct = out.draft_argmax.view(bt, n, slots) == target_argmax
+    return BlockStats(loss=out.loss, correct=correct, mask=mask)
 
 
 def accuracy_metrics(stats: BlockStats) -> dict[str, float]:

@@ -139,6 +139,15 @@ class DFlashDraft(nn.Module):
         """Rows of the target's head: the vocabulary ``logits`` scores."""
         return int(self._shared[1].weight.shape[0])
 
+    @property
+    def head_weight(self) -> Tensor:
+        """(V, H) the target's frozen head (bias-free, as in the targets vLLM's DFlash serves)."""
+        head = self._shared[1]
+        assert getattr(head, "bias", None) is None, "DFlash's shared head has no bias"
+        weight = head.weight
+        assert isinstance(weight, Tensor)
+        return weight
+
     def logits(self, hidden: Tensor) -> Tensor:
         """The target's frozen head on draft hidden states (gradients flow to the hidden)."""
         _, head = self._shared

@@ -21,6 +21,7 @@ from eagle_train.drafts.dflash.blocks import (
 from eagle_train.drafts.dflash.config import DFlashConfig
 from eagle_train.drafts.dflash.loss import accuracy_metrics, dflash_loss
 from eagle_train.drafts.dflash.model import DFlashDraft, DFlashShape
+from eagle_train.drafts.vocab_loss import TargetHead
 from eagle_train.target_model import FrozenTarget, TargetDescription, TargetFeatures
 from eagle_train.target_model.description import Capability
 
@@ -84,18 +85,17 @@ class DFlashSpec:
         weights = slot_weights(cfg.block_size, loss_gamma(cfg.block_size, cfg.loss_gamma))
         # slot 0 holds the anchor: nothing to predict there
         # hard labels need the target's greedy tokens alone: with a format-2 feature cache
-        # the full-vocabulary head never runs on the target's side
+        # the target's head never runs
         stats = dflash_loss(
             hidden[:, :, 1:],
-            module.logits,
+            module.head_weight,
             batch.input_ids,
             features.greedy,
-            features.logits if cfg.loss_target == "distill" else None,
+            None if cfg.loss == "hard_ce" else TargetHead.of(features),
             anchors.positions,
             slot_mask(batch.loss_mask, anchors.positions, anchors.valid, cfg.block_size),
             weights,
-            cfg.loss_target,
-            module.vocab_size,
+            cfg.loss,
         )
         metrics = {"loss": stats.loss.item(), **accuracy_metrics(stats)}
         return StepResult(loss=stats.loss, metrics=metrics, weight=int(anchors.valid.sum()))

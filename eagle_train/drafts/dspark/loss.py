@@ -31,20 +31,20 @@ _CHUNK_BYTES = 256 * 2**20
 
 
 def vocab_terms(
-    logits: Tensor, target_logits: Tensor, labels: Tensor, loss_target: str
+    logits: Tensor, target_logits: Tensor, labels: Tensor, loss: str
 ) -> tuple[Tensor, Tensor]:
     """(..., V) draft logits, (..., V) target logits, (...,) data tokens -> (cross-entropy,
-    total variation) per row. CE is to ``labels`` (``hard``) or to softmax(target_logits)
-    (``distill``); TV = 1/2 sum |softmax(target) - softmax(draft)|, in [0, 1]."""
+    total variation) per row. CE is to ``labels`` (``hard_ce``) or to softmax(target_logits)
+    (``forward_kl``); TV = 1/2 sum |softmax(target) - softmax(draft)|, in [0, 1]."""
     logq = torch.log_softmax(logits.float(), dim=-1)
     p = torch.softmax(target_logits.float(), dim=-1)
-    if loss_target == "hard":
+    if loss == "hard_ce":
         ce = -logq.gather(-1, labels[..., None]).squeeze(-1)
-    elif loss_target == "distill":
+    elif loss == "forward_kl":
         ce = -(p * logq).sum(-1)
     else:
         raise ValueError(
-            f"draft.loss_target {loss_target!r}: expected hard or distill (train-draft "
+            f"draft.loss {loss!r}: DSpark's CE term is hard_ce or forward_kl (train-draft "
             "resolves auto from the training data before the first step)"
         )
     tv = 0.5 * (p - logq.exp()).abs().sum(-1)
@@ -137,7 +137,7 @@ class _ChunkTerms:
         labels = _gather_positions(self.input_ids, (prev_pos + 1).clamp(max=length - 1))
         target = _gather_positions(self.target_logits, prev_pos)
         logits, embedding = draft.slot_logits(hidden, prev)
-        ce, tv = vocab_terms(logits, target, labels, cfg.loss_target)
+        ce, tv = vocab_terms(logits, target, labels, cfg.loss)
         dist = (w * (cfg.ce_weight * ce + cfg.tv_weight * tv)).sum()
         argmax = logits.argmax(-1)
         if draft.confidence_head is None:

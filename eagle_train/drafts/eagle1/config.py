@@ -6,10 +6,10 @@ from typing import Literal
 
 from pydantic import Field
 
-from eagle_train.drafts.draft_config import MAX_DRAFT_DEPTH, DraftConfigBase
+from eagle_train.drafts.draft_config import MAX_DRAFT_DEPTH, DraftConfigBase, VocabLossChoice
 
 
-class Eagle1Config(DraftConfigBase):
+class Eagle1Config(DraftConfigBase, VocabLossChoice):
     algorithm: Literal["eagle1"] = "eagle1"
     """The draft algorithm: eagle1, eagle3, peagle or dflash (docs/algorithms/); it picks which
     draft.* settings exist."""

@@ -16,6 +16,7 @@ from eagle_train.drafts.eagle1.config import Eagle1Config
 from eagle_train.drafts.eagle1.loss import eagle1_loss
 from eagle_train.drafts.eagle1.model import Eagle1Draft
 from eagle_train.drafts.eagle_family import DraftShape, set_backend, shift_left, valid_slots
+from eagle_train.drafts.vocab_loss import TargetHead
 from eagle_train.target_model import FrozenTarget, TargetDescription, TargetFeatures
 from eagle_train.target_model.description import Capability
 
@@ -80,12 +81,14 @@ class Eagle1Spec:
         mask = valid_slots(batch.loss_mask, batch.lengths, 0)
         out = eagle1_loss(
             pred,
-            module.lm_head(pred),
+            module.lm_head.weight,
             shift_left(features.final, 1),
-            shift_left(features.logits, 1),
+            TargetHead.of(features),
+            batch.input_ids,
             mask,
             cfg.feature_weight,
             cfg.logit_weight,
+            cfg.loss,
         )
         n = int(mask.sum())
         metrics = {

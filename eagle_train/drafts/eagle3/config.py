@@ -6,10 +6,15 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from eagle_train.drafts.draft_config import MAX_DRAFT_DEPTH, DraftConfigBase, FusionNorms
+from eagle_train.drafts.draft_config import (
+    MAX_DRAFT_DEPTH,
+    DraftConfigBase,
+    FusionNorms,
+    VocabLossChoice,
+)
 
 
-class Eagle3Config(DraftConfigBase, FusionNorms):
+class Eagle3Config(DraftConfigBase, FusionNorms, VocabLossChoice):
     algorithm: Literal["eagle3"] = "eagle3"
     """The draft algorithm: eagle1, eagle3, peagle or dflash (docs/algorithms/); it picks which
     draft.* settings exist."""

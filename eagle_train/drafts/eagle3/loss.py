@@ -1,5 +1,6 @@
-"""EAGLE-3 loss and metrics: pure functions of draft logits, the target's logits over the draft
-vocabulary, the target's greedy tokens and the mask.
+"""EAGLE-3 loss and metrics: pure functions of the draft's last hidden states and head, the
+target's head over the draft vocabulary and its final hidden states, the target's greedy
+tokens and the mask (the logits are made chunk by chunk: drafts/vocab_loss.py).
 
 Alignment: target logits (and greedy tokens) at position p predict x_{p+1}. TTT step k at
 slot t predicts x_{t+2+k}, so its target distribution is the target's logits at t+1+k and it
@@ -15,6 +16,7 @@ import torch
 from torch import Tensor
 
 from eagle_train.drafts.eagle_family import valid_slots
+from eagle_train.drafts.vocab_loss import TargetHead, vocab_loss
 
 
 @dataclass
@@ -32,8 +34,9 @@ def step_weights(num_steps: int, decay: float) -> list[float]:
 
 
 def eagle3_loss(
-    draft_logits: list[Tensor],
-    target_draft: Tensor,
+    hidden: list[Tensor],
+    head_weight: Tensor,
+    target: TargetHead,
     target_greedy: Tensor,
     vocab_size: int,
     loss_mask: Tensor,
@@ -41,46 +44,72 @@ def eagle3_loss(
     d2t: Tensor,
     decay: float,
     drop_out_of_vocab: bool = False,
+    loss: str = "forward_kl",
+    input_ids: Tensor | None = None,
 ) -> StepStats:
-    """Forward KL (soft CE) to the target distribution restricted to the draft vocab.
+    """``loss`` (``draft.loss``, default forward KL: soft CE) to the target distribution
+    restricted to the draft vocab, computed in chunks of slots (``vocab_loss``).
 
-    ``draft_logits[k]`` (N_k, Vd): step k's logits at its supervised slots only, those of
-    ``supervised_slots(loss_mask, lengths, K)[k]`` in row-major order (the draft's
-    ``head_at``), so no head compute goes to prompt or padding slots. ``target_draft``
-    (B, T, Vd): the target's logits of the draft vocabulary's tokens (in draft order);
-    ``target_greedy`` (B, T): the target's argmax over its whole vocabulary of
-    ``vocab_size`` tokens (what greedy verification accepts).
+    ``hidden[k]`` (N_k, H): step k's final-normed hidden state at its supervised slots only,
+    those of ``supervised_slots(loss_mask, lengths, K)[k]`` in row-major order (the draft's
+    ``head_at``), so no head compute goes to prompt or padding slots; ``head_weight``
+    (Vd, H) the draft's head. ``target``: the target's head over the draft vocabulary's
+    tokens (in draft order) and its final hidden states; ``target_greedy`` (B, T): the
+    target's argmax over its whole vocabulary of ``vocab_size`` tokens (what greedy
+    verification accepts). ``input_ids`` (B, T): the labels of ``hard_ce``.
 
     ``drop_out_of_vocab``: slots whose target argmax is outside the draft vocabulary (the
     draft can never propose it, so they can never be accepted) carry no loss; they still
-    count in the metrics, which measure what serving would accept."""
-    vd = draft_logits[0].shape[-1]
+    count in the metrics, which measure what serving would accept. With ``hard_ce`` a slot
+    whose label is outside the draft vocabulary carries no loss either."""
+    vd = head_weight.shape[0]
     draft_to_target = torch.arange(vd, device=d2t.device) + d2t  # (Vd,) target ids
-    weights = step_weights(len(draft_logits), decay)
-    total = draft_logits[0].new_zeros((), dtype=torch.float32)
-    step_losses, correct, valid = [], [], []
+    weights = step_weights(len(hidden), decay)
+    masks = supervised_slots(loss_mask, lengths, len(hidden))
     in_vocab = (
         in_draft_vocab(target_greedy, draft_to_target, vocab_size) if drop_out_of_vocab else None
     )
-    for k, (logits, mask) in enumerate(
-        zip(draft_logits, supervised_slots(loss_mask, lengths, len(draft_logits)), strict=True)
-    ):
-        rows, slots = mask.nonzero(as_tuple=True)  # row-major, as the draft's head_at
-        target_at = (rows, slots + 1 + k)  # the target at t+1+k predicts x_{t+2+k}
-        p = torch.softmax(target_draft[target_at].float(), dim=-1)
-        per_slot = -(p * torch.log_softmax(logits.float(), dim=-1)).sum(-1)
+    to_draft = None
+    if loss == "hard_ce":
+        assert input_ids is not None, "hard_ce reads the labels from input_ids"
+        to_draft = torch.full((vocab_size,), -1, dtype=torch.long, device=d2t.device)
+        to_draft[draft_to_target] = torch.arange(vd, device=d2t.device)
+    rows, positions, row_weights, labels, trained_steps = [], [], [], [], []
+    for k, mask in enumerate(masks):
+        r, slots = mask.nonzero(as_tuple=True)  # row-major, as the draft's head_at
+        pos = slots + 1 + k  # the target at t+1+k predicts x_{t+2+k}
+        trained = torch.ones_like(r, dtype=torch.bool)
         if in_vocab is not None:
-            trained = in_vocab[target_at]
-            step_loss = (per_slot * trained).sum() / trained.sum().clamp(min=1)
-        else:
-            step_loss = per_slot.sum() / max(len(per_slot), 1)
-        total = total + weights[k] * step_loss
-        step_losses.append(step_loss.item())
+            trained = trained & in_vocab[r, pos]
+        if to_draft is not None:
+            assert input_ids is not None
+            labels.append(to_draft[input_ids[r, pos + 1]])
+            trained = trained & (labels[-1] >= 0)
+        row_weights.append(trained.float() * weights[k] / trained.sum().clamp(min=1))
+        rows.append(r)
+        positions.append(pos)
+        trained_steps.append(trained)
+    out = vocab_loss(
+        torch.cat(hidden),
+        head_weight,
+        torch.cat(row_weights),
+        loss,
+        target.rows(torch.cat(rows), torch.cat(positions)),
+        torch.cat(labels) if labels else None,
+    )
+    step_losses, correct = [], []
+    start = 0
+    for k, mask in enumerate(masks):
+        stop = start + len(rows[k])
+        trained = trained_steps[k]
+        per_slot = out.per_row[start:stop]
+        step_losses.append(float((per_slot * trained).sum() / trained.sum().clamp(min=1)))
         right = torch.zeros_like(mask)
-        right[mask] = draft_to_target[logits.argmax(-1)] == target_greedy[target_at]
+        drafted = draft_to_target[out.draft_argmax[start:stop]]
+        right[mask] = drafted == target_greedy[rows[k], positions[k]]
         correct.append(right)
-        valid.append(mask)
-    return StepStats(loss=total, step_losses=step_losses, correct=correct, valid=valid)
+        start = stop
+    return StepStats(loss=out.loss, step_losses=step_losses, correct=correct, valid=masks)
 
 
 def supervised_slots(loss_mask: Tensor, lengths: Tensor, num_steps: int) -> list[Tensor]:

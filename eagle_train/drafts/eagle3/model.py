@@ -34,8 +34,11 @@ from eagle_train.target_model import TargetDescription
 @dataclass
 class DraftOutput:
     # Per TTT step: (B, T, Vd) at slot t, predicting x_{t+2+step}; with ``head_at``, (N, Vd)
-    # at that step's N selected slots only (row-major order).
+    # at that step's N selected slots only (row-major order). Empty when ``head`` is False.
     logits: list[Tensor]
+    # Per TTT step, the final-normed hidden state the head reads, (B, T, H) or (N, H) as
+    # ``logits`` (the training loss applies the head itself, chunk by chunk: vocab_loss.py).
+    hidden: list[Tensor]
     # The copy heads' queries and keys (B, N, T, D) at each of the first ``copy_steps`` TTT
     # steps, rotary applied: what copy supervision trains (drafts/eagle3/copy_loss.py).
     copy_qk: list[tuple[Tensor, Tensor]]
@@ -113,6 +116,7 @@ class Eagle3Draft(FusedInput):
         num_steps: int,
         copy_steps: int = 0,
         head_at: list[Tensor] | None = None,
+        head: bool = True,
     ) -> DraftOutput:
         """``aux`` (B,T,n*TH) target features at slot t; ``input_ids`` (B,T) the sequence x.
 
@@ -121,13 +125,15 @@ class Eagle3Draft(FusedInput):
         also return the copy heads' queries and keys at that many first steps. ``head_at``:
         per step a (B,T) bool of the slots whose logits are wanted (training: the supervised
         ones); the head and every per-slot product whose result no wanted logit depends on
-        then skip the prompt and padding slots (``needed_slots``).
+        then skip the prompt and padding slots (``needed_slots``). ``head``: apply the head
+        (else ``logits`` is empty and the caller applies it to ``hidden``).
         """
         b, t = input_ids.shape
         hidden = self.fuse(aux)
         base = torch.arange(t, device=input_ids.device).expand(b, t)
         kv: list[LayerKV] = [[] for _ in self.layers]
         logits: list[Tensor] = []
+        normed_at: list[Tensor] = []
         probe: list[tuple[Tensor, Tensor]] = []
         rows = None if head_at is None else needed_slots(head_at)
         for k in range(num_steps):
@@ -141,9 +147,11 @@ class Eagle3Draft(FusedInput):
                 None if rows is None else rows[k],
             )
             normed = self.norm(out)
-            logits.append(self.lm_head(normed if head_at is None else normed[head_at[k]]))
+            normed_at.append(normed if head_at is None else normed[head_at[k]])
+            if head:
+                logits.append(self.lm_head(normed_at[-1]))
             hidden = normed if self.norm_output else out
-        return DraftOutput(logits=logits, copy_qk=probe)
+        return DraftOutput(logits=logits, hidden=normed_at, copy_qk=probe)
 
 
 def needed_slots(head_at: list[Tensor]) -> list[Tensor]:

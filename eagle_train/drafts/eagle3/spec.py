@@ -24,6 +24,7 @@ from eagle_train.drafts.eagle_family import (
     draft_qk_norm,
     set_backend,
 )
+from eagle_train.drafts.vocab_loss import TargetHead
 from eagle_train.target_model import FrozenTarget, TargetDescription, TargetFeatures
 from eagle_train.target_model.description import Capability
 
@@ -99,10 +100,11 @@ class Eagle3Spec:
         copy_steps = cfg.copy_steps if cfg.copy_supervision > 0 else 0
         aux = features.aux.to(module.fc.weight.dtype)
         head_at = supervised_slots(batch.loss_mask, batch.lengths, cfg.ttt_steps)
-        out = draft(aux, batch.input_ids, cfg.ttt_steps, copy_steps, head_at)
+        out = draft(aux, batch.input_ids, cfg.ttt_steps, copy_steps, head_at, head=False)
         stats = eagle3_loss(
-            out.logits,
-            features.logits_of(draft_ids(module)),
+            out.hidden,
+            module.lm_head.weight,
+            TargetHead.of(features, draft_ids(module)),
             features.greedy,
             len(module.t2d),  # the target's vocabulary size
             batch.loss_mask,
@@ -110,6 +112,8 @@ class Eagle3Spec:
             module.d2t,
             cfg.step_decay,
             cfg.drop_out_of_vocab,
+            cfg.loss,
+            batch.input_ids,
         )
         metrics = {"loss": stats.loss.item(), **accuracy_metrics(stats)}
         metrics.update(cycle_metrics(stats.correct, stats.valid, batch.loss_mask, batch.lengths))

@@ -7,7 +7,12 @@ from typing import Any, Literal
 from pydantic import Field, model_validator
 
 from eagle_train.config import SettingError, refuse_moved_key
-from eagle_train.drafts.draft_config import MAX_DRAFT_DEPTH, DraftConfigBase, FusionNorms
+from eagle_train.drafts.draft_config import (
+    MAX_DRAFT_DEPTH,
+    DraftConfigBase,
+    FusionNorms,
+    VocabLossChoice,
+)
 
 # vLLM reads norm_output only to pick the hidden it hands the next draft step
 # (model_executor/models/llama_eagle3.py:286); with parallel_drafting the proposer returns
@@ -19,7 +24,7 @@ NO_NORM_OUTPUT = (
 )
 
 
-class PEagleConfig(DraftConfigBase, FusionNorms):
+class PEagleConfig(DraftConfigBase, FusionNorms, VocabLossChoice):
     algorithm: Literal["peagle"] = "peagle"
     """The draft algorithm: eagle1, eagle3, peagle or dflash (docs/algorithms/); it picks which
     draft.* settings exist."""

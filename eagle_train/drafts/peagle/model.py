@@ -39,9 +39,11 @@ class PEagleDraft(FusedInput):
         self.rotary = rotary_embedding(target)
         self.attention = "auto"  # dense or flex (draft.attention), a plain attribute
 
-    def forward(self, aux: Tensor, input_ids: Tensor, e: Elements) -> Tensor:
+    def forward(self, aux: Tensor, input_ids: Tensor, e: Elements, head: bool = True) -> Tensor:
         """``aux`` (B,T,n*TH), ``input_ids`` (B,T); returns (B,M,Vd) logits of the elements
-        ``e`` (element (a, d) predicts x_{a+2+d})."""
+        ``e`` (element (a, d) predicts x_{a+2+d}), or with ``head`` False the (B,M,H)
+        final-normed hidden state the head reads (the training loss applies the head in
+        chunks: drafts/vocab_loss.py)."""
         t = input_ids.shape[1]
         deep = (e.depth > 0)[..., None]  # (B,M,1)
         aux_e = aux.gather(1, e.anchor[..., None].expand(-1, -1, aux.shape[-1]))
@@ -65,4 +67,5 @@ class PEagleDraft(FusedInput):
         h = h + first.mlp(first.post_attention_layernorm(h))
         for layer in self.layers[1:]:
             h = layer(h, rope, mask)
-        return self.lm_head(self.norm(h))
+        normed = self.norm(h)
+        return self.lm_head(normed) if head else normed

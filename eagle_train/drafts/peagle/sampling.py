@@ -85,6 +85,10 @@ class Elements:
         valid = torch.arange(m, device=grid.device)[None, :] < counts[:, None]
         return cls(anchor=order // k, depth=order % k, valid=valid)
 
+    def rows(self) -> Tensor:
+        """(B,1) the batch row of each element, for indexing a (B,T,K) grid."""
+        return torch.arange(len(self.anchor), device=self.anchor.device)[:, None]
+
     def pick(self, grid: Tensor) -> Tensor:
         """(B,M) bool: which elements are set in a (B,T,K) grid."""
         return (

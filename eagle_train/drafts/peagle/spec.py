@@ -16,7 +16,7 @@ from eagle_train.drafts.base import StepResult, VllmDrafter
 from eagle_train.drafts.eagle_family import DraftShape, aux_layer_ids, draft_ids, draft_qk_norm
 from eagle_train.drafts.peagle import export
 from eagle_train.drafts.peagle.config import PEagleConfig
-from eagle_train.drafts.peagle.loss import depth_metrics, element_targets, peagle_loss
+from eagle_train.drafts.peagle.loss import depth_metrics, peagle_loss
 from eagle_train.drafts.peagle.model import PEagleDraft
 from eagle_train.drafts.peagle.sampling import (
     Elements,
@@ -25,6 +25,7 @@ from eagle_train.drafts.peagle.sampling import (
     segment_grids,
     supervision,
 )
+from eagle_train.drafts.vocab_loss import TargetHead
 from eagle_train.target_model import FrozenTarget, TargetDescription, TargetFeatures
 from eagle_train.target_model.description import Capability
 
@@ -92,26 +93,38 @@ class PEagleSpec:
         grid = sample_elements(batch.lengths, batch.input_ids.shape[1], k, supervised, keep)
         aux = features.aux.to(module.fc.weight.dtype)
         ids = draft_ids(module)
-        target_draft = features.logits_of(ids)  # (B,T,Vd), restricted once
+        target = TargetHead.of(features, ids)  # the target's head over the draft vocabulary
         trained = supervised
         if cfg.drop_out_of_vocab:
             trained = supervised & in_vocab_elements(features.greedy, ids, k, len(module.t2d))
+        labels = None
+        if cfg.loss == "hard_ce":
+            labels = element_labels(batch.input_ids, ids, k, len(module.t2d))
+            trained = trained & (labels >= 0)
         total = int((grid & trained).sum())
 
         def part(forward: Tensor, own: Tensor) -> Callable[[], StepResult]:
             def run() -> StepResult:
                 e = Elements.from_grid(forward)
-                logits = draft(aux, batch.input_ids, e)
-                target = element_targets(target_draft, e)
+                hidden = draft(aux, batch.input_ids, e, head=False)
                 sup = e.pick(own & supervised)
-                loss, kl = peagle_loss(logits, target, e.pick(own & trained), total)
+                out, kl = peagle_loss(
+                    hidden,
+                    module.lm_head.weight,
+                    target,
+                    e,
+                    e.pick(own & trained),
+                    total,
+                    cfg.loss,
+                    None if labels is None else labels[e.rows(), e.anchor, e.depth],
+                )
                 n = int(sup.sum())
-                correct = logits.argmax(-1) == target.argmax(-1)
+                correct = (out.draft_argmax == out.target_argmax).view_as(sup)
                 metrics = {
                     "loss": (kl * sup).sum().item() / max(n, 1),
                     **depth_metrics(correct, sup, e, grid.shape[1], k),
                 }
-                return StepResult(loss=loss, metrics=metrics, weight=n)
+                return StepResult(loss=out.loss, metrics=metrics, weight=n)
 
             return run
 
@@ -177,6 +190,21 @@ def in_vocab_elements(argmax: Tensor, ids: Tensor, depths: int, vocab_size: int)
         + torch.arange(depths, device=argmax.device)
     ).clamp(max=t - 1)
     return member[argmax[:, pos]]
+
+
+def element_labels(input_ids: Tensor, ids: Tensor, depths: int, vocab_size: int) -> Tensor:
+    """(B,T,K) long: the draft-vocabulary index of the token element (a, d) drafts,
+    x_{a+2+d} (clamped inside the sequence), -1 where that token is outside the draft
+    vocabulary ``ids`` (target ids in draft order) of a ``vocab_size``-token target."""
+    to_draft = torch.full((vocab_size,), -1, dtype=torch.long, device=input_ids.device)
+    to_draft[ids] = torch.arange(len(ids), device=input_ids.device)
+    t = input_ids.shape[1]
+    pos = (
+        torch.arange(t, device=input_ids.device)[:, None]
+        + 2
+        + torch.arange(depths, device=input_ids.device)
+    ).clamp(max=t - 1)
+    return to_draft[input_ids[:, pos]]
 
 
 def resolve_mask_token_id(cfg: PEagleConfig, target: FrozenTarget) -> int:
