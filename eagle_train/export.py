@@ -35,7 +35,7 @@ from eagle_train.fsutil import (
     naming_disk_full,
     remove_stale_temporaries,
 )
-from eagle_train.model_card import CARD_FILE, render_card
+from eagle_train.model_card import CARD_FILE, EXPORT_COMMAND, render_card
 from eagle_train.ownership import check_owned, owned_directory
 from eagle_train.run_config import DTYPES, RunConfig
 from eagle_train.target_model import TargetDescription, TargetError, load_target_description
@@ -44,7 +44,7 @@ ExportFormat = Literal["vllm", "speculators"]
 # What every export writes (its provenance file lists them; exports from before the list
 # wrote these).
 EXPORT_FILES = sorted(("config.json", "model.safetensors", PROVENANCE_FILE, CARD_FILE))
-COMMAND = "export-draft"
+COMMAND = EXPORT_COMMAND
 
 
 class ExportError(UserError, ValueError):

@@ -18,6 +18,10 @@ from typing import Any
 
 from eagle_train.drafts.contract import PROVENANCE_FILE
 from eagle_train.fsutil import atomic_write_text
+from eagle_train.ownership import record_rewrite, unchanged
+
+# The command whose output a drafter card is (its ownership record names it).
+EXPORT_COMMAND = "export-draft"
 
 log = logging.getLogger(__name__)
 MARKER = "<!-- model card written by eagle-train (export-draft, eval-acceptance) -->"
@@ -192,5 +196,11 @@ def record_acceptance(drafter_dir: str | Path, summary: dict[str, Any]) -> bool:
     )
     if beside:
         provenance["acceptance"]["sampled_vs_greedy"] = beside
+    # Files still as export-draft wrote them are re-recorded after the rewrite, so a later
+    # export-draft --overwrite still knows them; a file the user edited is left unrecorded
+    # (that --overwrite then refuses rather than lose the edit).
+    as_written = unchanged(drafter_dir, [PROVENANCE_FILE, CARD_FILE], EXPORT_COMMAND)
     atomic_write_text(provenance_path, json.dumps(provenance, indent=2) + "\n")
-    return write_card(drafter_dir, provenance)
+    written = write_card(drafter_dir, provenance)
+    record_rewrite(drafter_dir, as_written, EXPORT_COMMAND)
+    return written

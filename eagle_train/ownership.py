@@ -133,11 +133,31 @@ def first_foreign(root: Path, record: dict[str, Any]) -> str | None:
         entry = files.get(rel)
         if entry is None or not path.is_file():
             return rel
-        if path.stat().st_size != entry["size"]:
-            return f"{rel} (changed since it was written)"
-        if "sha256" in entry and _sha256(path) != entry["sha256"]:
+        if not _as_written(path, entry):
             return f"{rel} (changed since it was written)"
     return None
+
+
+def _as_written(path: Path, entry: dict[str, Any]) -> bool:
+    """The file at ``path`` has the size (and, where recorded, the hash) its entry records."""
+    if path.stat().st_size != entry["size"]:
+        return False
+    return "sha256" not in entry or _sha256(path) == entry["sha256"]
+
+
+def unchanged(root: Path, names: list[str], command: str) -> list[str]:
+    """Those of ``names`` (relative paths) that ``root``'s record lists as ``command`` wrote
+    them and that still are: what a rewrite may re-record without taking in a user's edit."""
+    record = read_record(root)
+    if record is None or record["written_by"] != command:
+        return []
+    out = []
+    for name in names:
+        path, entry = Path(root) / name, record["files"].get(name)
+        if entry is not None and path.is_file() and not path.is_symlink():
+            if _as_written(path, entry):
+                out.append(name)
+    return out
 
 
 def _legacy_foreign(root: Path, listed: set[str]) -> str | None:

@@ -291,3 +291,37 @@ def test_record_acceptance_keeps_what_the_user_wrote(tmp_path: Path) -> None:
     shutil.copytree(out, other)
     result = CliRunner().invoke(record_acceptance_app, [str(other), str(report)])
     assert result.exit_code == 2 and "not an export-draft output measured in" in result.output
+
+
+def test_record_acceptance_keeps_the_export_its_own_and_a_users_edit_safe(tmp_path: Path) -> None:
+    """After record-acceptance, an export whose card and provenance were as export-draft wrote
+    them is still export-draft's own (--overwrite replaces it); where the user had edited the
+    card, that edit is not taken into the record, so --overwrite refuses instead of losing
+    it."""
+    from typer.testing import CliRunner
+
+    from eagle_train.cli import record_acceptance_app
+    from eagle_train.fsutil import UnsafePathError
+
+    cfg, spec, target, state = small_drafter()
+    target.model.save_pretrained(tmp_path / "target")
+    cfg = cfg.model_copy(
+        update={"target": cfg.target.model_copy(update={"path": tmp_path / "target"})}
+    )
+    report = tmp_path / "report"
+    report.mkdir()
+    (report / "per_prompt.jsonl").write_text("")
+    clean = export_state(state, cfg, tmp_path / "clean", {"step": 7})
+    edited = export_state(state, cfg, tmp_path / "edited", {"step": 7})
+    (edited / "README.md").write_text((edited / "README.md").read_text() + "\n## Mine\n\nkeep\n")
+    for out in (clean, edited):
+        (report / "summary.json").write_text(json.dumps(_summary(out)))
+        result = CliRunner().invoke(record_acceptance_app, [str(out), str(report)])
+        assert result.exit_code == 0, result.output
+        assert "2.125" in (out / "README.md").read_text()
+    export_state(state, cfg, clean, {"step": 8}, overwrite=True)
+    assert '"step": 8' in (clean / "eagle_train.json").read_text()
+    mine = (edited / "README.md").read_bytes()
+    with pytest.raises(UnsafePathError, match="README.md"):
+        export_state(state, cfg, edited, {"step": 8}, overwrite=True)
+    assert (edited / "README.md").read_bytes() == mine

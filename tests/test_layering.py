@@ -41,7 +41,7 @@ ALLOWED: dict[str, set[str]] = {
     },  # needs no training code
     "run_config": {"config", "drafts", "evaluate", "optim"},
     "checkpoint": {"config", "data", "fsutil", "run_config"},
-    "model_card": {"drafts", "fsutil"},  # an export's README.md
+    "model_card": {"drafts", "fsutil", "ownership"},  # an export's README.md (re-recorded)
     "export": {
         *("checkpoint", "drafts", "fsutil", "model_card", "ownership", "run_config"),
         "target_model",
