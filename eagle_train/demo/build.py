@@ -34,7 +34,7 @@ from eagle_train.demo.targets import (
     pretrain,
     save_target,
 )
-from eagle_train.demo.tokenizer import train_tokenizer
+from eagle_train.demo.tokenizer import reserved_range, train_tokenizer
 from eagle_train.fsutil import atomic_directory, check_output_path, check_replaceable
 
 log = logging.getLogger(__name__)
@@ -44,7 +44,10 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 class DemoConfig(StrictModel):
     seed: int = 0
-    vocab_size: int = 2048
+    vocab_size: int = 2048  # pieces the tokenizer learns (specials and the byte alphabet in)
+    # ids the tokenizer never produces, below the learned pieces (demo/tokenizer.py): the
+    # tests' world sets enough to put the learned pieces above 32,767
+    reserved_ids: int = Field(0, ge=0)
     num_tasks: int = 3000
     max_stdlib_pairs: int = 3000
     max_stdlib_files: int | None = None
@@ -77,7 +80,7 @@ def _build_into(cfg: DemoConfig, root: Path) -> dict:
     log.info("corpus: %d train / %d val chats", len(train), len(val))
 
     texts = [m["content"] for r in train for m in r["messages"]]
-    tokenizer = train_tokenizer(texts, cfg.vocab_size)
+    tokenizer = train_tokenizer(texts, cfg.vocab_size, cfg.reserved_ids)
     tokenizer.save_pretrained(root / "tokenizer")
 
     rendered = [tokenizer.apply_chat_template(r["messages"], tokenize=False) for r in train]
@@ -85,7 +88,7 @@ def _build_into(cfg: DemoConfig, root: Path) -> dict:
     targets = {}
     for i, family in enumerate(cfg.families):
         model = build_target(family, cfg.shape, tokenizer, cfg.seed + i)
-        loss = pretrain(model, rows, cfg.pretrain, cfg.seed + i)
+        loss = pretrain(model, rows, cfg.pretrain, cfg.seed + i, reserved_range(cfg.reserved_ids))
         for name, dtype in DTYPES.items():
             save_target(model, tokenizer, target_dir(root, family, name), dtype)
         targets[family] = {
