@@ -10,9 +10,8 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 TINY_WORLD_CONFIG = REPO / "configs" / "demo" / "tiny.yaml"
-# The tests' draft vocabulary on the tiny world (half the 512 pieces its tokenizer learned,
-# which sit above id 32,767 in a 33,024-id vocabulary; the demo train configs' 1024 is half
-# the default world's 2048).
+# The tests' draft vocabulary on the tiny world (half its 512-token target vocabulary; the
+# demo train configs' 1024 is half the default world's 2048).
 TINY_DRAFT_VOCAB = 256
 
 # vLLM on CPU: in-process engine, no hub, caches out of the home directory.
