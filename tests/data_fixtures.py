@@ -114,11 +114,20 @@ def corpus(num_lines: int = 400, seed: int = 0) -> list[str]:
 
 
 def build_tokenizer(
-    out_dir: Path, chat_template: str = CHATML_TEMPLATE, vocab_size: int = 500
+    out_dir: Path,
+    chat_template: str = CHATML_TEMPLATE,
+    vocab_size: int = 500,
+    reserved_ids: int = 32_512,
 ) -> Any:
-    """Train a byte-level BPE, wrap it as a fast HF tokenizer, save and load it back."""
+    """Train a byte-level BPE, wrap it as a fast HF tokenizer, save and load it back.
+
+    ``reserved_ids`` unused ids sit below the learned pieces (eagle_train/demo/tokenizer.py):
+    by default the learned pieces take ids above 32,767, as a real tokenizer's common tokens
+    do, so an id kept in 16 bits wraps here too."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+    from eagle_train.demo.tokenizer import reserve_ids
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -130,6 +139,8 @@ def build_tokenizer(
         show_progress=False,
     )
     tok.train_from_iterator(corpus(), trainer)
+    if reserved_ids:
+        tok = reserve_ids(tok, reserved_ids, len(SPECIAL_TOKENS))
     wrapped = PreTrainedTokenizerFast(
         tokenizer_object=tok,
         bos_token="<|begin_of_text|>",

@@ -8,8 +8,8 @@ import shutil
 from pathlib import Path
 
 import pytest
+import run_configs
 import torch
-from conftest import draft_vocab_sets
 
 from eagle_train.checkpoint import (
     CheckpointError,
@@ -17,7 +17,6 @@ from eagle_train.checkpoint import (
     find_resumable,
     load_draft_checkpoint,
 )
-from eagle_train.config import load_config
 from eagle_train.data.loader import BatchLoader, LoaderState, PreparedData
 from eagle_train.run_config import RunConfig
 from eagle_train.train import train
@@ -27,23 +26,18 @@ CONFIG = REPO / "configs" / "train" / "eagle3-llama-demo.yaml"
 
 
 def run_config(world: Path, data: Path, out: Path, *extra: str) -> RunConfig:
-    sets = [
-        f"target.path={world / 'targets' / 'llama' / 'bf16'}",
-        f"data.train={data}",
-        "data.val=null",
+    return run_configs.run_config(
+        world,
+        data,
+        out,
         "data.micro_batch_size=2",
         "data.max_length=48",
         "draft.ttt_steps=1",
-        *draft_vocab_sets("eagle3"),
         "train.max_steps=6",
         "train.save_every=2",
         "train.keep_last=3",
-        "train.progress=false",
-        "train.tensorboard=false",
-        f"train.output_dir={out}",
         *extra,
-    ]
-    return load_config(RunConfig, CONFIG, sets)
+    )
 
 
 @pytest.fixture(scope="module")

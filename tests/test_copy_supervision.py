@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import draft_vocab_sets
+from realistic import weights
 from target_families import family_config
 from torch import Tensor
 from transformers import AutoModelForCausalLM
@@ -19,6 +20,7 @@ from typer.testing import CliRunner
 
 from eagle_train.cli import train_draft_app
 from eagle_train.config import ConfigError
+from eagle_train.data.loader import Batch
 from eagle_train.drafts.eagle3.config import Eagle3Config
 from eagle_train.drafts.eagle3.copy_loss import copy_attention_loss, copy_targets
 from eagle_train.drafts.registry import get_draft
@@ -214,3 +216,23 @@ def test_more_copy_steps_than_ttt_steps_is_refused_naming_both(tiny_world: Path,
     assert "copy_steps (4) exceeds ttt_steps (3)" in result.output
     assert "--set 'draft.copy_steps=4'" in result.output and "Traceback" not in result.output
     assert not (tmp_path / "run").exists()
+
+
+def test_the_copy_loss_enters_the_step_loss_with_its_weight(gqa_target: FrozenTarget):
+    """draft.copy_supervision is a weight other than 1 here (tests/realistic.py): the loss
+    trained on is the EAGLE-3 loss plus that weight times the copy loss, both as logged."""
+    target, spec = gqa_target, get_draft("eagle3")
+    ids = IDS.clone()
+    mask = (torch.arange(ids.shape[1])[None] < LENGTHS[:, None]).long()
+    batch = Batch(ids, mask, mask, LENGTHS)
+    features = target.features(ids, mask, [1, 2, 3])
+    for weight in weights(2):
+        cfg = Eagle3Config(
+            aux_layer_ids=[1, 2, 3], ttt_steps=2, copy_supervision=weight, copy_steps=2
+        )
+        torch.manual_seed(0)
+        draft = spec.build(cfg, target, None)
+        result = spec.compute_loss(draft, features, batch, cfg)
+        parts = result.metrics["loss"], result.metrics["copy_loss"]
+        assert parts[1] > 0
+        assert result.loss.item() == pytest.approx(parts[0] + weight * parts[1], rel=1e-5)

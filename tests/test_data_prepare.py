@@ -121,7 +121,7 @@ def test_template_override_and_target_vocab_from_model_config(tmp_path, tokenize
     template = tmp_path / "llama3.jinja"
     template.write_text(LLAMA3_TEMPLATE)
     (tmp_path / "model").mkdir()
-    (tmp_path / "model" / "config.json").write_text(json.dumps({"vocab_size": 640}))
+    (tmp_path / "model" / "config.json").write_text(json.dumps({"vocab_size": 33_152}))
     cfg = make_cfg(
         tmp_path,
         tokenizer_dir,
@@ -135,8 +135,8 @@ def test_template_override_and_target_vocab_from_model_config(tmp_path, tokenize
     )  # one bos, from the template
     meta = read_meta(cfg.output_dir)
     assert meta["chat_template"]["source"] == str(template.resolve())
-    assert meta["token_counts"]["target_vocab_size"] == 640
-    assert load_token_counts(report.counts_path).shape == (640,)
+    assert meta["token_counts"]["target_vocab_size"] == 33_152
+    assert load_token_counts(report.counts_path).shape == (33_152,)
 
 
 def test_truncation_and_prompt_only_skip(tmp_path, tokenizer_dir):
@@ -241,9 +241,9 @@ def test_config_mistakes_fail_before_any_work(tmp_path, tokenizer_dir, monkeypat
     monkeypatch.setattr(prepare_module, "run_regeneration", no_work)
     monkeypatch.setattr(prepare_module, "RecordReader", no_work)
     cfg = make_cfg(tmp_path, tokenizer_dir, regenerate={"enabled": True})
-    cfg.vocab.target_vocab_size = 400
+    cfg.vocab.target_vocab_size = 32_000
     with pytest.raises(
-        DataError, match="the tokenizer has 500 tokens but the target vocabulary is 400"
+        DataError, match="the tokenizer has 33012 tokens but the target vocabulary is 32000"
     ):
         prepare_data(cfg)
     cfg.inputs = [tmp_path / "missing.jsonl"]

@@ -92,9 +92,10 @@ def test_save_and_load(tmp_path):
 
 
 def _prepared(tmp_path: Path) -> tuple[Path, int]:
-    """prepare-data on three chats with the test BPE tokenizer (V = len(tokenizer) = 500)."""
+    """prepare-data on three chats with the test BPE tokenizer (V = len(tokenizer) = 33,012:
+    500 pieces, the learned ones above 32,767)."""
     tok = tmp_path / "tok"
-    build_tokenizer(tok)
+    tokenizer = build_tokenizer(tok)
     chats = [
         {"messages": chat("Sort 3 1 2", "1 2 3")},
         {"messages": chat("Hello there", "Hi! Hi! How can I help?")},
@@ -106,7 +107,7 @@ def _prepared(tmp_path: Path) -> tuple[Path, int]:
             inputs=[write_jsonl(tmp_path / "in.jsonl", chats)], output_dir=out, tokenizer=tok
         )
     )
-    return out, 500
+    return out, len(tokenizer)
 
 
 def _reference_ids(data: Path, vocab_size: int, size: int) -> list[int]:
@@ -142,8 +143,9 @@ def test_the_trainer_builds_the_configured_mapping_from_prepare_datas_counts(tmp
         assert f"it covers {share:.1f}% of them ({len(supervised)} distinct ids" in caplog.text
     nothing = _run_config(data, "draft.draft_vocab_size=null")
     assert draft_vocab(nothing, PreparedData(data), vocab_size) is None  # the whole vocabulary
-    with pytest.raises(ConfigError, match="draft.draft_vocab_size 501 is larger than the target"):
-        draft_vocab(_run_config(data, "draft.draft_vocab_size=501"), PreparedData(data), 500)
+    over = f"draft.draft_vocab_size={vocab_size + 1}"
+    with pytest.raises(ConfigError, match=f"{over.replace('=', ' ')} is larger than the target"):
+        draft_vocab(_run_config(data, over), PreparedData(data), vocab_size)
 
 
 def test_the_trainer_reads_the_counts_instead_of_recounting(tmp_path):
@@ -155,14 +157,12 @@ def test_the_trainer_reads_the_counts_instead_of_recounting(tmp_path):
     meta["files"]["token_counts.safetensors"] = (data / "token_counts.safetensors").stat().st_size
     (data / "meta.json").write_text(json.dumps(meta))
     cfg = _run_config(data, "draft.draft_vocab_size=4")
-    assert draft_vocab(cfg, PreparedData(data), vocab_size).draft_ids.tolist() == [
-        496,
-        497,
-        498,
-        499,
-    ]
-    with pytest.raises(PreparedDataError, match="token counts over 500 ids, but the target vo"):
-        draft_vocab(cfg, PreparedData(data), 640)
+    top = list(range(vocab_size - 4, vocab_size))  # ids above 32,767
+    assert draft_vocab(cfg, PreparedData(data), vocab_size).draft_ids.tolist() == top
+    with pytest.raises(
+        PreparedDataError, match=f"token counts over {vocab_size} ids, but the target vo"
+    ):
+        draft_vocab(cfg, PreparedData(data), vocab_size + 140)
 
 
 def test_older_datasets_without_the_counts_still_train(tmp_path):

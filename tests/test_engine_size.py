@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from realistic import COUNTS, lengths, not_a_multiple
 
 from eagle_train.engine import (
     CPU_KV_CACHE_BYTES,
@@ -78,3 +79,19 @@ def test_cuda_keeps_vllms_sizing_unless_a_cache_is_given():
     assert preemption_free_size(None, 10**9, 512, 1000, cuda=True).max_num_seqs == 10**9 // (
         512 * 1000
     )
+
+
+def test_lengths_that_are_not_whole_blocks_round_up():
+    """Requests of lengths no block size divides (tests/realistic.py) take their last,
+    partial block whole; concurrency large enough that the cache is above the CPU floor."""
+    per_token = 2 * 30 * 3 * 64 * 2  # SmolLM2 bf16
+    for length in lengths(5):
+        assert not_a_multiple(length, 128)
+        blocks = -(-length // 128)  # by hand: ceil
+        size = preemption_free_size(COUNTS[4] * 64, None, length, per_token, cuda=False)
+        want = COUNTS[4] * 64 * blocks * 128 * per_token
+        assert want > CPU_KV_CACHE_BYTES
+        assert size == (COUNTS[4] * 64, want)
+        # a given cache: as many requests as it holds whole (91 blocks in 256 MiB)
+        given = preemption_free_size(None, 256 * 2**20, length * 5, per_token, cuda=False)
+        assert given.max_num_seqs == VLLM_BLOCKS_IN_256_MIB // -(-(length * 5) // 128)

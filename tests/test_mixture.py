@@ -11,12 +11,13 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+import run_configs
 import torch
 from conftest import draft_vocab_sets, prepare_tiny_data
 from typer.testing import CliRunner
 
 from eagle_train.cli import train_draft_app
-from eagle_train.config import ConfigError, load_config
+from eagle_train.config import ConfigError
 from eagle_train.data.loader import BatchLoader, LoaderState, PreparedData
 from eagle_train.data.mixture import MixedData
 from eagle_train.data.store import PreparedDataError
@@ -80,16 +81,7 @@ def test_the_stream_is_seeded_differs_by_epoch_and_resumes(tiny_llama_data: Path
 
 
 def run_config(world: Path, train: str, out: Path, *extra: str) -> RunConfig:
-    sets = [
-        f"target.path={world / 'targets' / 'llama' / 'bf16'}",
-        f"data.train={train}",
-        "data.val=null",
-        "data.max_length=128",
-        f"train.output_dir={out}",
-        *draft_vocab_sets("eagle3"),
-        *extra,
-    ]
-    return load_config(RunConfig, CONFIG, sets)
+    return run_configs.run_config(world, train, out, "data.max_length=128", *extra)
 
 
 def test_train_draft_reports_each_sources_share(

@@ -9,11 +9,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from conftest import draft_vocab_sets, prepare_tiny_data
+from conftest import prepare_tiny_data
+from run_configs import run_config
 from transformers import AutoTokenizer
 
 from eagle_train.checkpoint import load_draft_checkpoint
-from eagle_train.config import load_config
 from eagle_train.data.loader import PreparedData
 from eagle_train.drafts.base import DraftSpec
 from eagle_train.drafts.registry import get_draft
@@ -57,18 +57,8 @@ def train_and_export(
     """Train ``configs/train/{config}-{family}-demo.yaml`` briefly on the target's own
     answers; export it and a random-init draft of the same shape (seed 1)."""
     data = regenerated_data(world, family, root)
-    base = [
-        f"target.path={world / 'targets' / family / 'bf16'}",
-        f"data.train={data}",
-        "data.val=null",
-        "data.max_length=128",
-        f"train.output_dir={root / 'run'}",
-        "train.progress=false",
-        "train.tensorboard=false",
-        *draft_vocab_sets(config),
-    ]
-    cfg = load_config(
-        RunConfig, REPO / "configs" / "train" / f"{config}-{family}-demo.yaml", base + overrides
+    cfg = run_config(
+        world, data, root / "run", "data.max_length=128", *overrides, algo=config, family=family
     )
     checkpoint = train(cfg).last_checkpoint
     spec = get_draft(cfg.draft.algorithm)

@@ -34,7 +34,7 @@ from eagle_train.demo.targets import (
     pretrain,
     save_target,
 )
-from eagle_train.demo.tokenizer import train_tokenizer
+from eagle_train.demo.tokenizer import reserved_range, train_tokenizer
 from eagle_train.fsutil import (
     check_output_path,
     hold_lock,
@@ -59,6 +59,10 @@ class DemoConfig(StrictModel):
     the special ones come first, so at least 300)."""
     num_tasks: int = Field(3000, ge=1)
     """Synthetic task chats (reverse words, sort numbers, upper-case, add) in the corpus."""
+    reserved_ids: int = Field(0, ge=0, le=1 << 20)
+    """Ids the tokenizer never produces, placed below its learned pieces (demo/tokenizer.py),
+    as real tokenizers keep reserved ids: 32,512 put the 512 learned pieces of the tiny world
+    above 32,767, where a real target's common tokens sit (a 16-bit id would wrap)."""
     max_stdlib_pairs: int = Field(3000, ge=0)
     """Chats made from Python standard-library functions (docstring -> code) at most."""
     max_stdlib_files: int | None = Field(None, ge=1)
@@ -105,7 +109,7 @@ def _build_into(cfg: DemoConfig, root: Path) -> dict:
     log.info("corpus: %d train / %d val chats", len(train), len(val))
 
     texts = [m["content"] for r in train for m in r["messages"]]
-    tokenizer = train_tokenizer(texts, cfg.vocab_size)
+    tokenizer = train_tokenizer(texts, cfg.vocab_size, cfg.reserved_ids)
     tokenizer.save_pretrained(root / "tokenizer")
 
     rendered = [tokenizer.apply_chat_template(r["messages"], tokenize=False) for r in train]
@@ -113,7 +117,7 @@ def _build_into(cfg: DemoConfig, root: Path) -> dict:
     targets = {}
     for i, family in enumerate(cfg.families):
         model = build_target(family, cfg.shape, tokenizer, cfg.seed + i)
-        loss = pretrain(model, rows, cfg.pretrain, cfg.seed + i)
+        loss = pretrain(model, rows, cfg.pretrain, cfg.seed + i, reserved_range(cfg.reserved_ids))
         for name, dtype in DTYPES.items():
             save_target(model, tokenizer, target_dir(root, family, name), dtype)
         targets[family] = {

@@ -126,9 +126,23 @@ def pack_tokens(texts: list[str], tokenizer: PreTrainedTokenizerBase, seq_len: i
     return torch.tensor(ids[: num_rows * seq_len], dtype=torch.long).view(num_rows, seq_len)
 
 
-def pretrain(model: PreTrainedModel, rows: torch.Tensor, cfg: PretrainConfig, seed: int) -> float:
-    """Next-token pretraining for a fixed number of steps; returns the final loss."""
+def pretrain(
+    model: PreTrainedModel,
+    rows: torch.Tensor,
+    cfg: PretrainConfig,
+    seed: int,
+    reserved: range = range(0),
+) -> float:
+    """Next-token pretraining for a fixed number of steps; returns the final loss.
+
+    ``reserved``: ids the tokenizer never produces (demo/tokenizer.py). Their head rows are
+    tied to one row while training (``_loss``), then copied to all of them: the full
+    vocabulary's loss at the cost of the others' ids."""
+    if len(reserved):  # the tied row starts at the reserved rows' mean (about zero), as
+        with torch.no_grad():  # their joint softmax term does; a random row would pull h
+            model.lm_head.weight[reserved.start] = model.lm_head.weight[reserved].mean(0)
     if cfg.steps == 0:
+        _tie_reserved(model, reserved)
         return math.nan
     gen = torch.Generator().manual_seed(seed)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.0)
@@ -144,7 +158,7 @@ def pretrain(model: PreTrainedModel, rows: torch.Tensor, cfg: PretrainConfig, se
     start, loss_value = time.perf_counter(), math.nan
     for step in range(cfg.steps):
         batch = rows[torch.randint(len(rows), (cfg.batch_size,), generator=gen)]
-        loss = model(input_ids=batch, labels=batch).loss
+        loss = _loss(model, batch, reserved)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
@@ -160,7 +174,39 @@ def pretrain(model: PreTrainedModel, rows: torch.Tensor, cfg: PretrainConfig, se
                 time.perf_counter() - start,
             )
     model.eval()
+    _tie_reserved(model, reserved)
     return loss_value
+
+
+def _loss(model: PreTrainedModel, batch: torch.Tensor, reserved: range) -> torch.Tensor:
+    """Next-token cross-entropy over the whole vocabulary, the reserved ids' head rows all
+    equal to the first of them: their softmax term is that row's logit plus log(count), so
+    the logits are computed for the other ids and that one row (exact for the tied head)."""
+    if len(reserved) < 2:
+        return model(input_ids=batch, labels=batch).loss
+    hidden = model.model(input_ids=batch).last_hidden_state
+    weight = model.lm_head.weight
+    rows = torch.cat([weight[: reserved.start + 1], weight[reserved.stop :]])
+    # The tied row's gradient is the sum of the reserved rows'; scaled to their joint norm
+    # (1/sqrt(count)) so that it does not dominate the clipped gradient norm as no untied
+    # row would (Adam's per-parameter step is unchanged by the scale).
+    scale = torch.ones(len(rows), 1)
+    scale[reserved.start] = len(reserved) ** -0.5
+    rows.register_hook(lambda grad: grad * scale)
+    bias = torch.zeros(len(rows), dtype=hidden.dtype)
+    bias[reserved.start] = math.log(len(reserved))
+    logits = hidden[:, :-1] @ rows.T + bias
+    labels = batch[:, 1:]
+    labels = torch.where(labels >= reserved.stop, labels - (len(reserved) - 1), labels)
+    return torch.nn.functional.cross_entropy(logits.flatten(0, 1).float(), labels.flatten())
+
+
+@torch.no_grad()
+def _tie_reserved(model: PreTrainedModel, reserved: range) -> None:
+    """Every reserved id's head row set to the first one's (the one ``_loss`` trained)."""
+    if len(reserved):
+        weight = model.lm_head.weight
+        weight[reserved.start : reserved.stop] = weight[reserved.start].clone()
 
 
 def save_target(

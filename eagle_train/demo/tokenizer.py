@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -25,8 +26,16 @@ CHAT_TEMPLATE = (
 )
 
 
-def train_tokenizer(texts: Iterable[str], vocab_size: int) -> PreTrainedTokenizerFast:
-    """Train a byte-level BPE on ``texts`` and wrap it with bos/eos/pad/mask and the template."""
+def train_tokenizer(
+    texts: Iterable[str], vocab_size: int, reserved_ids: int = 0
+) -> PreTrainedTokenizerFast:
+    """Train a byte-level BPE on ``texts`` and wrap it with bos/eos/pad/mask and the template.
+
+    ``reserved_ids``: that many ids the tokenizer never produces, placed between the byte
+    alphabet and the learned pieces (as real tokenizers keep reserved or unused ids), so the
+    learned pieces, the tokens most text is made of, take ids from ``263 + reserved_ids`` up:
+    with 32,512 of them they sit above 32,767, where a 16-bit id would wrap, as most of a
+    real target's do (SmolLM2 49,152 ids, Llama-3 128,256)."""
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
@@ -38,6 +47,8 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int) -> PreTrainedTokenize
         show_progress=False,
     )
     tok.train_from_iterator(texts, trainer=trainer)
+    if reserved_ids:
+        tok = reserve_ids(tok, reserved_ids, len(SPECIAL_TOKENS))
     return PreTrainedTokenizerFast(
         tokenizer_object=tok,
         bos_token=BOS,
@@ -49,6 +60,25 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int) -> PreTrainedTokenize
         clean_up_tokenization_spaces=False,
         model_max_length=4096,
     )
+
+
+def reserved_range(count: int, num_special: int = len(SPECIAL_TOKENS)) -> range:
+    """The ids ``reserve_ids`` gives its ``count`` reserved pieces."""
+    first = num_special + len(pre_tokenizers.ByteLevel.alphabet())
+    return range(first, first + count)
+
+
+def reserve_ids(tok: Tokenizer, count: int, num_special: int) -> Tokenizer:
+    """``tok`` (a byte-level BPE trained with ``num_special`` special tokens first) with
+    ``count`` unreachable pieces (``<|reserved_K|>``: no merge makes them) inserted before its
+    first learned piece; the learned pieces' ids move up by ``count``."""
+    spec = json.loads(tok.to_str())
+    vocab: dict[str, int] = spec["model"]["vocab"]
+    first = reserved_range(count, num_special).start
+    moved = {piece: i + count if i >= first else i for piece, i in vocab.items()}
+    moved.update({f"<|reserved_{k}|>": first + k for k in range(count)})
+    spec["model"]["vocab"] = moved
+    return Tokenizer.from_str(json.dumps(spec))
 
 
 def save_tokenizer(tokenizer: PreTrainedTokenizerFast, path: Path) -> None:
