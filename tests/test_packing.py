@@ -24,12 +24,13 @@ from eagle_train.train_setup import build_components
 
 # Per algorithm, settings under which a micro-batch's loss is a mean over supervised slots
 # weighted by StepResult.weight (so one-row micro-batches average to the packed loss), and
-# DFlash scoring every valid anchor (its anchors are otherwise drawn per micro-batch shape).
+# the block drafts scoring every valid anchor (their anchors are otherwise drawn per micro-batch shape).
 EXACT = {
     "eagle1": ["draft.feature_noise=0"],
     "eagle3": ["draft.ttt_steps=1"],
     "peagle": [],
     "dflash": ["draft.num_anchors=512", "draft.loss=forward_kl"],
+    "dspark": ["draft.num_anchors=512", "draft.loss=forward_kl"],
 }
 MAX_LENGTH = 96
 
@@ -120,7 +121,7 @@ def test_packed_losses_equal_the_unpacked_losses_on_the_same_rows(
         for row in batch.rows.tolist():  # one row per micro-batch: no padding at all
             one = result(cfg, c, single.collate([row]))
             alone.add(one.metrics, one.weight)
-    if algorithm != "dflash":  # DFlash weighs a micro-batch by anchors, its loss by slots
+    if algorithm not in ("dflash", "dspark"):  # block drafts: weight by anchors, loss by slots
         assert whole.result()["loss"] == pytest.approx(alone.result()["loss"], abs=1e-5)
 
 

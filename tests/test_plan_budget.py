@@ -26,7 +26,10 @@ def calibration(tmp_path: Path, probe: bool = True) -> list[str]:
     (tmp_path / "data" / "meta.json").write_text(json.dumps(meta))
     # of the 50 s of calibrate-features, the shards took 18 + 22 s: 10 s loaded the target
     (tmp_path / "features" / "train").mkdir(parents=True, exist_ok=True)
-    shards = [{"tokens": 13000, "seconds": 18.0}, {"tokens": 15000, "seconds": 22.0}]
+    shards = [
+        {"bytes": 1 << 20, "tokens": 13000, "seconds": 18.0},
+        {"bytes": 1 << 20, "tokens": 15000, "seconds": 22.0},
+    ]
     manifest = {"format_version": 2, "shards": [[0, 46], [46, 100]], "files": shards}
     (tmp_path / "features" / "train" / "manifest.json").write_text(json.dumps(manifest))
     rows = [
@@ -75,7 +78,11 @@ def test_without_recorded_seconds_the_stage_walls_count(tmp_path: Path) -> None:
     meta = json.loads((tmp_path / "data" / "meta.json").read_text())
     del meta["synthesis"], meta["regeneration"]
     (tmp_path / "data" / "meta.json").write_text(json.dumps(meta))
-    manifest = {"format_version": 2, "shards": [[0, 100]], "files": [{"tokens": 28000}]}
+    manifest = {
+        "format_version": 2,
+        "shards": [[0, 100]],
+        "files": [{"bytes": 1 << 20, "tokens": 28000}],
+    }
     (tmp_path / "features" / "train" / "manifest.json").write_text(json.dumps(manifest))
     result = plan(["--minutes", "90", "--spent", "300", "--epochs", "3", *args])
     assert result.returncode == 0, result.stderr
@@ -110,7 +117,10 @@ def test_training_takes_the_time_the_earlier_stages_left(tmp_path: Path) -> None
     run = args[args.index("--run") + 1]
     cache = tmp_path / "run-features" / "train"
     cache.mkdir(parents=True)
-    shards = [{"rows": 200, "tokens": 60000}, {"rows": 200, "tokens": 52000}]
+    shards = [
+        {"bytes": 1 << 20, "rows": 200, "tokens": 60000},
+        {"bytes": 1 << 20, "rows": 200, "tokens": 52000},
+    ]
     manifest = {"format_version": 2, "shards": [[0, 200], [200, 400]], "files": shards}
     (cache / "manifest.json").write_text(json.dumps(manifest))
 

@@ -38,7 +38,7 @@ def test_description_of_each_family(family: str) -> None:
     assert d.model_type == want.get("model_type", family)
     assert d.tied_head is False and d.default_aux_layer_ids == (2, 2, 1)
     assert d.capabilities == ("last_hidden_state", "aux_hidden_states")
-    assert served_methods(d) == ["dflash", "eagle", "eagle3"]
+    assert served_methods(d) == ["dflash", "dspark", "eagle", "eagle3"]
 
 
 def test_rope_and_tied_head_read_from_the_config() -> None:

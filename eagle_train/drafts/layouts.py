@@ -184,30 +184,34 @@ def as_vllm_loads(shipped: Shapes, method: str) -> tuple[Shapes, list[str]]:
 def tensor_shapes(path: Path) -> Shapes:
     """Names, shapes and dtypes of every weight file vLLM would load from ``path``:
     ``*.safetensors`` (headers only), else ``pytorch_model*.bin`` (weights only, mapped)."""
-    files = sorted(path.glob("*.safetensors"))
+    files = sorted(path.glob("*.safetensors")) or sorted(path.glob("pytorch_model*.bin"))
     out: Shapes = {}
-    try:
-        if files:
-            for file in files:
-                with safe_open(str(file), framework="pt") as f:
-                    for name in f.keys():  # noqa: SIM118 (safe_open is not a mapping)
-                        sl = f.get_slice(name)
-                        out[name] = (
-                            tuple(sl.get_shape()),
-                            _DTYPES.get(sl.get_dtype(), torch.float32),
-                        )
-            return out
-        bins = sorted(path.glob("pytorch_model*.bin"))
-        for file in bins:
-            state = torch.load(file, map_location="cpu", weights_only=True, mmap=True)
-            if not isinstance(state, dict):
-                raise LayoutError(f"{file}: expected a state dict of tensors")
-            out.update({n: (tuple(t.shape), t.dtype) for n, t in state.items()})
-    except (SafetensorError, OSError, RuntimeError, EOFError) as exc:
-        raise LayoutError(f"{path}: a weight file is not readable ({exc})") from None
+    for file in files:
+        try:
+            out.update(_file_shapes(file))
+        except (SafetensorError, OSError, RuntimeError, EOFError, ValueError) as exc:
+            kind = "safetensors" if file.suffix == ".safetensors" else "torch weights"
+            raise LayoutError(f"{file}: not a readable {kind} file ({exc})") from None
     if not out:
         raise LayoutError(f"{path}: no model.safetensors or pytorch_model.bin")
     return out
+
+
+def _file_shapes(file: Path) -> Shapes:
+    if file.suffix == ".safetensors":
+        with safe_open(str(file), framework="pt") as f:
+            return {
+                name: (tuple(f.get_slice(name).get_shape()), _dtype(f.get_slice(name)))
+                for name in f.keys()  # noqa: SIM118 (safe_open is not a mapping)
+            }
+    state = torch.load(file, map_location="cpu", weights_only=True, mmap=True)
+    if not isinstance(state, dict):
+        raise ValueError("expected a state dict of tensors")
+    return {n: (tuple(t.shape), t.dtype) for n, t in state.items()}
+
+
+def _dtype(tensor_slice: Any) -> torch.dtype:
+    return _DTYPES.get(tensor_slice.get_dtype(), torch.float32)
 
 
 def read_json(path: Path) -> dict[str, Any]:
