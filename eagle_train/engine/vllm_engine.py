@@ -204,7 +204,9 @@ class VllmEngine:
     def generate_measured(self, prompt: list[int], sampling: dict[str, Any]) -> Measured:
         """One request alone: its tokens, spec-decode counter deltas, wall time and what each
         decode step did (``trace.py``: the engine stepped by hand)."""
-        speculative = "speculative_config" in self.kwargs
+        # vLLM's own config, not our kwargs: a speculators-format drafter served as the model
+        # brings its speculative config with it (its counters then count too).
+        speculative = self.llm.llm_engine.vllm_config.speculative_config is not None
         out = generate_traced(self.llm, prompt, sampling, speculative)
         return Measured(out.tokens, out.counters, out.seconds, out.steps)
 
