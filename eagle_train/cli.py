@@ -448,6 +448,7 @@ def settings_app(
     default and meaning, from the schemas' own descriptions."""
     from eagle_train.settings_reference import list_settings, select, to_markdown, to_text
 
+    _start(False)
     schemas = config_schemas()
     if markdown:
         return typer.echo(to_markdown(schemas), nl=False)

@@ -25,6 +25,9 @@ ARGS = {
     "export-draft": ["{tmp}/missing-checkpoint", "{tmp}/out"],
     "eval-acceptance": ["-c", "{tmp}/missing.yaml"],
     "fetch-real-target": ["{tmp}/real", "--cache-dir", "{tmp}/cache"],
+    "build-long-prompts": ["{tmp}/long", "-c", "{tmp}/missing.yaml"],
+    "record-acceptance": ["{tmp}/missing-drafter", "{tmp}/missing-report"],
+    "settings": ["no.such.section"],
 }
 
 # One process runs every command in turn, undoing the start-up work between them (no log

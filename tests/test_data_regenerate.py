@@ -289,7 +289,8 @@ def test_vllm_backend_matches_transformers(tmp_path, model_dir):
     # conftest.py sets the vLLM environment (in-process engine, offline, cache directory)
     # and skips vllm-marked tests when vLLM is not installed; a broken install fails here.
     cfg = make_cfg(tmp_path, model_dir, max_new_tokens=16, kv_cache_memory_bytes=64 * 2**20)
-    cfg.max_length = 256
+    # an answer of reserved ids re-renders as their long "<|reserved_N|>" texts: room for it
+    cfg.max_length = 1024
     reports = {}
     for backend in ("transformers", "vllm"):
         cfg.output_dir = tmp_path / backend / "out"
@@ -311,7 +312,8 @@ def test_data_parallel_vllm_engines_match_transformers(tmp_path, model_dir):
     prompts and return them in order: the same greedy text as transformers. A shard
     returned out of order or a prompt lost between engines fails it."""
     cfg = make_cfg(tmp_path, model_dir, max_new_tokens=16, kv_cache_memory_bytes=64 * 2**20)
-    cfg.max_length = 256
+    # an answer of reserved ids re-renders as their long "<|reserved_N|>" texts: room for it
+    cfg.max_length = 1024
     cfg.output_dir = tmp_path / "hf" / "out"
     expected = [r["messages"] for r in read_jsonl(prepare_data(cfg).regeneration.path)]
     cfg.output_dir = tmp_path / "dp" / "out"

@@ -153,6 +153,7 @@ def test_export_files_are_readable_like_the_rest(run_dir: Path, tmp_path: Path):
         "model.safetensors": 0o644,
         PROVENANCE_FILE: 0o644,
         "README.md": 0o644,  # the model card
+        ".eagle-train-files.json": 0o644,  # the record of what export-draft wrote
     }
     ckpt_modes = {stat.S_IMODE(p.stat().st_mode) for p in checkpoint(run_dir).iterdir()}
     assert ckpt_modes == {0o644}  # the run used the same umask (pytest's default 022)

@@ -24,6 +24,7 @@ from safetensors import SafetensorError, safe_open
 from eagle_train.drafts.base import DraftSpec
 from eagle_train.drafts.contract import PROVENANCE_FILE
 from eagle_train.drafts.registry import DRAFTS, identify_drafter
+from eagle_train.errors import UserError
 
 Shapes = dict[str, tuple[tuple[int, ...], torch.dtype]]
 
@@ -48,7 +49,7 @@ _DTYPES = {
 }
 
 
-class LayoutError(ValueError):
+class LayoutError(UserError, ValueError):
     """A drafter directory vLLM would not read (one line, naming the file)."""
 
 
