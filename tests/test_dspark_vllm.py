@@ -74,7 +74,10 @@ def vllm_parallel() -> Iterator[None]:
         ps.destroy_distributed_environment()
 
 
-@pytest.fixture(scope="module", params=["qwen3", "llama"])
+# One target family in the suite: each costs an engine run and a vLLM-class replay of every
+# cycle (minutes on 2 cores); the Qwen3 target gave the same agreement
+# (docs/results/2026-12-07-dspark.md).
+@pytest.fixture(scope="module", params=["llama"])
 def trained(request: pytest.FixtureRequest, tiny_world: Path, tmp_path_factory) -> dict:
     family = request.param
     root = tmp_path_factory.mktemp(f"dspark-{family}")
