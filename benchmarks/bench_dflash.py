@@ -53,7 +53,7 @@ def main() -> None:
         target_layer_ids=args.layer_ids,
         mask_token_id=3,
         num_anchors=args.anchors,
-        loss_target="hard",  # random rows: no training data to resolve auto from
+        loss="hard_ce",  # random rows: no training data to resolve auto from
     )
     draft = spec.build(cfg, target, None).to(device=device, dtype=torch.bfloat16)
     optimizer = create_optimizer(draft, OptimConfig(lr=1e-4))
