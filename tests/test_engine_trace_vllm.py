@@ -12,6 +12,7 @@ from perfect_drafter import build_identity_target
 from transformers import AutoModelForCausalLM
 
 from eagle_train.engine import VllmEngine
+from eagle_train.engine.remote import Remote
 from eagle_train.engine.trace import generate_traced
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
@@ -43,18 +44,18 @@ def test_trace_matches_vllms_per_request_metrics(tmp_path) -> None:
         "prompt_lookup_min": 1,
         "prompt_lookup_max": 2,
     }
-    engine = VllmEngine(target, "float32", 256, 64 * 2**20, speculative_config=spec)
-    engine.kwargs["per_request_spec_decode_metrics"] = "detailed"
     sampling = dict(temperature=0.0, max_tokens=24, ignore_eos=True)
-    with engine:
-        traced = generate_traced(engine.llm, prompt, sampling, speculative=True)
-        (own,) = engine.llm.generate([{"prompt_token_ids": prompt}], _params(sampling))
-    completion = own.outputs[0]
-    metrics = completion.spec_decode_metrics
-    assert traced.tokens == list(completion.token_ids) == walk[1:25]
+    # In its own process: the n-gram proposer loads numba, after which vLLM 0.32 starts no
+    # other engine in the process (vllm_engine.engine_starts_here), and this worker runs more.
+    job = Remote(_TraceJob, target, prompt, spec, sampling)
+    try:
+        traced, tokens, per_step = job.call("result")
+    finally:
+        job.close()
+    assert traced.tokens == tokens == walk[1:25]
     steps = traced.steps
     drafted = [(d, a) for d, a in zip(steps.drafted, steps.accepted, strict=True) if d]
-    assert drafted == list(zip(metrics.per_step_drafted, metrics.per_step_accepted, strict=True))
+    assert drafted == per_step
     assert 0 < len(drafted) < len(steps.tokens)  # some steps drafted, some not
     # contexts: the prompt, the prefill's token, then each step's tokens
     assert steps.context[0] == len(prompt) + 1
@@ -65,7 +66,23 @@ def test_trace_matches_vllms_per_request_metrics(tmp_path) -> None:
     assert traced.counters.accepted == sum(a for _, a in drafted)
 
 
-def _params(sampling: dict):
-    from vllm import SamplingParams
+class _TraceJob:
+    """The request traced by engine/trace.py and by vLLM's own per-request metrics, in the
+    process that builds it."""
 
-    return SamplingParams(**sampling)
+    def __init__(self, target, prompt: list[int], spec: dict, sampling: dict) -> None:
+        from vllm import SamplingParams
+
+        engine = VllmEngine(target, "float32", 256, 64 * 2**20, speculative_config=spec)
+        engine.kwargs["per_request_spec_decode_metrics"] = "detailed"
+        with engine:
+            self.traced = generate_traced(engine.llm, prompt, sampling, speculative=True)
+            params = SamplingParams(**sampling)
+            (own,) = engine.llm.generate([{"prompt_token_ids": prompt}], params)
+        completion = own.outputs[0]
+        metrics = completion.spec_decode_metrics
+        self.tokens = list(completion.token_ids)
+        self.per_step = list(zip(metrics.per_step_drafted, metrics.per_step_accepted, strict=True))
+
+    def result(self) -> tuple:
+        return self.traced, self.tokens, self.per_step

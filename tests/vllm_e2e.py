@@ -17,8 +17,8 @@ from eagle_train.checkpoint import load_draft_checkpoint
 from eagle_train.data.loader import PreparedData
 from eagle_train.drafts.base import DraftSpec
 from eagle_train.drafts.registry import get_draft
-from eagle_train.engine import VllmEngine
 from eagle_train.engine.counters import SpecCounters
+from eagle_train.evaluate.harness import EngineProcess
 from eagle_train.evaluate.offline import OfflineAcceptance, estimate_acceptance
 from eagle_train.export import export_draft, export_state, serving_config
 from eagle_train.metrics import read_metrics
@@ -125,7 +125,8 @@ def _generate(
     target: Path, prompts: list[list[int]], spec: dict[str, Any] | None
 ) -> tuple[list[list[int]], list[SpecCounters]]:
     sampling = dict(temperature=0.0, max_tokens=NUM_NEW)
-    with VllmEngine(target, dtype="float32", max_model_len=512, speculative_config=spec) as e:
+    kwargs = dict(model=target, dtype="float32", max_model_len=512, speculative_config=spec)
+    with EngineProcess(kwargs) as e:  # in this process unless numba is loaded here
         results = e.generate_one_by_one(prompts, sampling)
     return [r[0] for r in results], [r[1] for r in results]
 

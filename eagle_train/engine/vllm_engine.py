@@ -14,6 +14,7 @@ from __future__ import annotations
 import gc
 import logging
 import os
+import sys
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -107,6 +108,28 @@ def vllm_available() -> bool:
     return True
 
 
+def engine_starts_here() -> bool:
+    """Whether a vLLM engine can start in this process.
+
+    On CPU (no Triton) vLLM 0.32 registers its kernel fallbacks by reading ``vars(x)`` of every
+    module attribute as a dict (``vllm/triton_utils/dispatcher.py``). Once llvmlite is loaded
+    (numba loads it; vLLM's n-gram proposer imports numba), its library wrapper answers that
+    with a function wrapper, and every later engine in the process fails to start with
+    "'_lib_fn_wrapper' object has no attribute 'get'". Such a process starts its engines in
+    a fresh one (``evaluate.harness.EngineProcess``)."""
+    if "llvmlite.binding.ffi" not in sys.modules:
+        return True
+    from vllm.triton_utils import HAS_TRITON
+
+    return bool(HAS_TRITON)
+
+
+def opens_numba(speculative_config: dict[str, Any] | None) -> bool:
+    """Whether an engine with this speculative config loads numba (the n-gram proposer),
+    after which no further engine starts in the process (``engine_starts_here``)."""
+    return bool(speculative_config) and speculative_config.get("method") == "ngram"
+
+
 def cuda_available() -> bool:
     import torch
 
@@ -166,6 +189,12 @@ class VllmEngine:
     def open(self) -> VllmEngine:
         from vllm import LLM
 
+        if not engine_starts_here():
+            raise RuntimeError(
+                "vLLM cannot start an engine in a process that has loaded llvmlite "
+                "(numba, the n-gram proposer): open it in its own process "
+                "(eagle_train.evaluate.harness.EngineProcess)"
+            )
         self.llm = LLM(**self.kwargs)
         return self
 

@@ -20,7 +20,12 @@ from transformers import AutoTokenizer
 from eagle_train.config import ConfigError
 from eagle_train.engine import VllmEngine
 from eagle_train.engine.remote import Remote
-from eagle_train.engine.vllm_engine import Measured, cuda_available
+from eagle_train.engine.vllm_engine import (
+    Measured,
+    cuda_available,
+    engine_starts_here,
+    opens_numba,
+)
 from eagle_train.evaluate.drafter import DrafterInfo, inspect_drafter
 from eagle_train.evaluate.engine_choice import RETOKENIZE_SLACK, EngineChoice, choose_engine
 from eagle_train.evaluate.prompts import EvalPrompt, load_prompts
@@ -209,14 +214,20 @@ def _interleaved(
 
 class EngineProcess:
     """A ``VllmEngine`` in its own process when two engines must be alive at once
-    (``separate``), else in this one."""
+    (``separate``), when it runs with an environment of its own, when it would load numba
+    (an n-gram engine) or when this process has loaded it (``engine_starts_here``); else in
+    this one."""
 
     def __init__(
-        self, kwargs: dict[str, Any], separate: bool, env: dict[str, str] | None = None
+        self, kwargs: dict[str, Any], separate: bool = False, env: dict[str, str] | None = None
     ) -> None:
-        self.engine: Any = (
-            Remote(_open_engine, kwargs, env=env) if separate or env else _open_engine(kwargs)
+        apart = (
+            separate
+            or bool(env)
+            or opens_numba(kwargs.get("speculative_config"))
+            or not engine_starts_here()
         )
+        self.engine: Any = Remote(_open_engine, kwargs, env=env) if apart else _open_engine(kwargs)
 
     def _call(self, method: str, *args: Any) -> Any:
         if isinstance(self.engine, Remote):
