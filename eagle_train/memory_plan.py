@@ -9,8 +9,8 @@ The pre-flight of ``train-draft`` (``train_setup.check_memory``) adds up, per ra
 - the gradients of the trainable parameters, and the chunked loss's fp32 head-gradient
   accumulator where the head trains;
 - the activations backward keeps (``unit_bytes``): per *unit*, a position the draft's layers
-  run on (a token x TTT step for EAGLE-3, a sampled element for P-EAGLE, a block slot for
-  DFlash/DSpark), what torch saves: the norms' fp32 inputs and outputs, q/k/v (keys and
+  run on (a token x training-time-test step, a sampled element, a block slot: each draft's
+  spec states its count, ``DraftSpec.activations``), what torch saves: the norms' fp32 inputs and outputs, q/k/v (keys and
   values also repeated to every query head), the attention output and its log-sum-exp, the
   MLP's gate, up and product, the residual, the final norm and the loss's head-input
   gradient; plus what is kept once per token (the target's features the draft reads);
@@ -18,7 +18,7 @@ The pre-flight of ``train-draft`` (``train_setup.check_memory``) adds up, per ra
   ``LOSS_CHUNK_TENSORS`` of them alive at once (drafts/vocab_loss.py);
 - the target's forward over the micro-batch when it runs online (one layer's working set).
 
-Measured against it (``tests/test_memory_plan.py``): one EAGLE-3 step at the tiny world's
+Measured against it (``tests/test_memory_plan.py``): one training step at the tiny world's
 shape stays below the estimate, and the estimate is within 2x of it. Pure arithmetic on
 plain numbers: it imports nothing of the package.
 """
