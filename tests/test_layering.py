@@ -17,6 +17,8 @@ ALLOWED: dict[str, set[str]] = {
     "errors": set(),  # UserError, the base of every user-facing error: any room may import it
     "config": set(),
     "fsutil": set(),
+    # chat templates rendered as transformers renders them, within a step budget
+    "chat_template": set(),
     # the record of the files a command wrote into its output, and the rule that --overwrite
     # removes only those (every command that writes an output directory)
     "ownership": {"fsutil"},
@@ -30,10 +32,11 @@ ALLOWED: dict[str, set[str]] = {
     # ConfigError naming the key
     "target_model": {"config", "fsutil", "ownership"},
     "optim": {"config"},
-    "demo": {"config", "fsutil", "ownership"},
-    "data": {"config", "fsutil", "engine", "ownership"},
+    "demo": {"chat_template", "config", "fsutil", "ownership"},
+    "data": {"chat_template", "config", "fsutil", "engine", "ownership"},
     "drafts": {"config", "data", "memory_plan", "target_model"},
     "evaluate": {
+        "chat_template",
         "config",
         "drafts",
         "engine",
