@@ -15,10 +15,11 @@ itself is not run: its memory is not the draft's). Each point runs in a fresh su
   accumulator where the head trains), which a step holds whatever its length: set apart;
 - activations = measured - gradients, divided by tokens x K (EAGLE-3), by the sampled
   elements (P-EAGLE) or by the block slots (DFlash);
-- bound: what backward must keep per token per step, from the shapes (``bound_bytes``): the
-  inputs of every matmul and norm, q/k/v and the attention output with its log-sum-exp, the
-  MLP's gate, up and product, and the loss's gradient of the head input (fp32); the target's
-  features and the step-0 keys counted once per token. No [tokens, vocabulary] term.
+- bound: the train-draft pre-flight's estimate of what backward keeps, from the shapes
+  (``eagle_train.memory_plan.activation_bytes`` of the draft spec's ``activations``: the
+  norms' fp32 inputs, q/k/v and the attention output with its log-sum-exp, the MLP's gate,
+  up and product, the loss's head-input gradient, with its measured margin); the target's
+  features counted once per token. No [tokens, vocabulary] term (the loss chunk is apart).
 
     python benchmarks/bench_memory.py --shape smollm2-135m --seqs 512 1024 2048
     python benchmarks/bench_memory.py --shape llama3-8b --device cuda --seqs 8192 32768 \\
@@ -61,34 +62,13 @@ class Case:
         return cls(algorithm, int(k[1:]), vocab == "dv")
 
 
-def bound_bytes(case: Case, shape: dict, seq: int, act: int) -> tuple[float, float]:
-    """(per token per step, per token once) bytes backward must keep, ``act`` bytes per
-    activation element (the draft's dtype); the loss's head-input gradient is fp32."""
-    h, inter = shape["hidden_size"], shape["intermediate_size"]
-    nh, nkv = shape["num_attention_heads"], shape["num_key_value_heads"]
-    d = h // nh
-    qkv_out = (nh + 2 * nkv) * d + nh * d  # q, k, v after RoPE and the attention output
-    mlp = h + 3 * inter  # normed input, gate, up, silu(gate) * up
-    if case.algorithm == "dflash":
-        # per block slot: input norm, q/k/v input, q/k norms' inputs, q/k/v, attention
-        # output, post-attention norm, MLP; the final norm's input and the head's gradient
-        per_slot = act * (2 * h + (nh + nkv) * d + qkv_out + h + mlp + h) + 4 * (h + nh)
-        # per context token, per layer: fc's input (3 features), the context's k/v
-        per_token = act * (3 * h + h + 2 * nkv * d)
-        return per_slot, per_token
-    # EAGLE-3's / P-EAGLE's fused first layer: the embedding and hidden norms' inputs, the
-    # 2H q/k/v input, q/k/v/out, post-attention norm, MLP, final norm; head gradient fp32
-    per_step = act * (2 * h + 2 * h + qkv_out + h + mlp + h) + 4 * (h + nh)
-    per_token = act * 3 * h  # fc's input: the target's three features
-    return per_step, per_token
-
-
 def run_point(args: argparse.Namespace, case: Case, seq: int) -> dict:
     import torch
     from benchlib import SHAPES, load_target
 
     from eagle_train.data.loader import Batch
     from eagle_train.drafts.registry import get_draft
+    from eagle_train.memory_plan import activation_bytes
     from eagle_train.optim import OptimConfig, create_optimizer
     from eagle_train.target_model import TargetFeatures
 
@@ -141,13 +121,14 @@ def run_point(args: argparse.Namespace, case: Case, seq: int) -> dict:
     head = getattr(draft, "lm_head", None)
     if head is not None and head.weight.requires_grad:
         grads += head.weight.numel() * 4  # the chunked loss's fp32 accumulator
-    per_step, per_token = bound_bytes(case, shape, seq, torch.finfo(dtype).bits // 8)
+    # the pre-flight's estimate of what backward keeps (eagle_train/memory_plan.py)
+    plan = spec.activations(cfg, target.description, seq, 1)
+    bound = activation_bytes(plan, seq, torch.finfo(dtype).bits // 8)
     if case.algorithm == "eagle3":
         count = seq * case.k  # token-steps (K TTT steps over every token)
     else:
         count = units * (case.k - 1) if case.algorithm == "dflash" else units
     activations = peak - grads
-    bound = per_step * count + per_token * seq
     return {
         "case": f"{case.algorithm}-k{case.k}-{'dv' if case.draft_vocab else 'full'}",
         "seq": seq,

@@ -14,12 +14,16 @@ one by one (never a whole tree).
 Directories written before the record existed are recognised by each command's own listing
 (``legacy``: an export's ``files``, a dataset's ``meta.json`` sizes, a report's fixed file
 names), or refused.
+
+A single-file output (prepare-data's synthesized prompts) follows the same rule with its
+record beside it, ``.<name>.eagle-train-files.json`` (``owned_file``, ``check_owned_file``).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
 import uuid
 from collections.abc import Callable, Iterator
@@ -90,7 +94,10 @@ def record_rewrite(root: Path, names: list[str], command: str) -> None:
 
 def read_record(root: Path) -> dict[str, Any] | None:
     """The record in ``root`` (None: there is none), checked for shape."""
-    path = Path(root) / RECORD
+    return _load_record(Path(root) / RECORD)
+
+
+def _load_record(path: Path) -> dict[str, Any] | None:
     if not path.exists() and not path.is_symlink():
         return None
     problem = f"{path}: not a record of written files"
@@ -271,6 +278,67 @@ def remove_written(root: Path, legacy: Legacy | None = None) -> None:
         root.rmdir()
     except OSError:
         pass
+
+
+def file_record(path: Path) -> Path:
+    """Where the record of the single-file output ``path`` lives: a hidden sibling."""
+    return Path(path).with_name(f".{Path(path).name}{RECORD}")
+
+
+def check_owned_file(
+    path: Path, key: str, overwrite: bool, command: str, hint: str = "pass --overwrite"
+) -> None:
+    """A single-file output: an existing ``path`` is replaced only with ``overwrite`` and only
+    when its record (``file_record``) says ``command`` wrote it as it is; refused in one line
+    otherwise (a user's file, an edited one, a directory or a link)."""
+    path = Path(path)
+    if not path.exists() and not path.is_symlink():
+        return
+    if path.is_symlink() or not path.is_file():
+        raise UnsafePathError(f"{key} {path} exists and is not a file; choose another path")
+    if not overwrite:
+        raise UnsafePathError(f"{key} {path} already exists; {hint} to replace it")
+    record = _load_record(file_record(path))
+    if record is None:
+        foreign = "a file with no record of being written by it"
+    elif record["written_by"] != command:
+        foreign = f"a file {record['written_by']} wrote"
+    elif path.name not in record["files"] or not _as_written(path, record["files"][path.name]):
+        foreign = "a file changed since it was written"
+    else:
+        return
+    raise UnsafePathError(
+        f"{key} {path} is {foreign}, not {command}'s own: refusing to replace it; move it out "
+        "or choose another path"
+    )
+
+
+@contextmanager
+def owned_file(final: Path, key: str, command: str) -> Iterator[Path]:
+    """Yield a temporary sibling of ``final`` to write; when the block completes, check
+    ``final`` again (absent, or ``command``'s own as written), rename the temporary over it
+    and record it as ``command``'s. On any error the temporary is removed and ``final`` is
+    untouched. Callers check ``overwrite`` first (``check_owned_file``)."""
+    final = Path(final)
+    made = topmost_missing(final.parent)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = final.with_name(f".{final.name}{_TMP}{uuid.uuid4().hex[:8]}")
+    try:
+        yield tmp
+        with open(tmp, "rb+") as f:
+            os.fsync(f.fileno())
+        check_owned_file(final, key, True, command)
+        entry: dict[str, Any] = {"size": tmp.stat().st_size}
+        if entry["size"] <= HASHED_BYTES:
+            entry["sha256"] = _sha256(tmp)
+        tmp.rename(final)
+        record = {"written_by": command, "files": {final.name: entry}, "dirs": []}
+        atomic_write_text(file_record(final), json.dumps(record, indent=1, sort_keys=True) + "\n")
+        fsync_dir(final.parent)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        remove_empty_dirs(final.parent, made)
+        raise
 
 
 def _sha256(path: Path) -> str:

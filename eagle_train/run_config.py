@@ -192,6 +192,15 @@ class TrainSection(StrictModel):
     """Also write the metrics as TensorBoard events under output_dir/tensorboard."""
     progress: bool = True
     """Show a progress bar with the latest metrics (rank 0)."""
+    memory_check: bool = True
+    """Before the first step, estimate the run's peak memory per rank from its shapes and
+    settings (weights, optimizer state, gradients, the activations draft.ttt_steps /
+    parallel_steps / block_size x data.max_length x data.micro_batch_size keep, the loss's
+    chunk) and refuse, in one line, a run whose estimate does not fit what the device has
+    free (docs/training.md#memory). False: log the estimate and train anyway."""
+    memory_limit_gib: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+    """Compare the memory estimate with this many GiB per rank instead of what the device
+    reports free at the start (None): to leave room for other processes on a shared device."""
 
     @field_validator("resume", mode="before")
     @classmethod

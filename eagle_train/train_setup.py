@@ -62,6 +62,7 @@ from eagle_train.parallel import (
     wrap_model,
 )
 from eagle_train.preemption import Preemption
+from eagle_train.preflight import check_memory
 from eagle_train.run_config import RunConfig
 from eagle_train.run_dir import check_run_directory, nothing_left_if_failed, write_run_config
 from eagle_train.target_model import FrozenTarget, load_target_description
@@ -169,12 +170,12 @@ def setup_run(cfg: RunConfig, env: DistEnv, out: Path, preemption: Preemption) -
     check_rows_fit_target(data, cfg)  # before the target's weights are loaded
     cfg = with_data_defaults(cfg, data.meta)  # before config.yaml is written: it holds the choice
     resumed = resume_point(cfg, out, env)
+    torch.manual_seed(cfg.train.seed)  # the same initial draft on every rank
+    c = build_components(cfg, data, env, resumed.vocab if resumed else None)
+    check_memory(cfg, c.spec, c.target, c.draft, data, env)  # before anything is written
     if env.is_main:
         out.mkdir(parents=True, exist_ok=True)
         write_run_config(cfg, out)
-
-    torch.manual_seed(cfg.train.seed)  # the same initial draft on every rank
-    c = build_components(cfg, data, env, resumed.vocab if resumed else None)
     warm_start(cfg.draft, c.spec, c.draft, c.target.description, fresh=resumed is None)
     pad_id = c.target.description.pad_token_id or 0  # a multimodal config keeps it in text_config
     loader = BatchLoader(

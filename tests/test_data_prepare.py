@@ -355,9 +355,11 @@ def test_regeneration_never_truncates_an_input(tmp_path, tokenizer_dir):
     other = tmp_path / "notes.jsonl"
     other.write_text("my notes\n")
     cfg.regenerate.output_path = other
-    with pytest.raises(DataError, match="was not written by a regeneration"):
-        prepare_data(cfg)
-    assert other.read_text() == "my notes\n"
+    for resume in (False, True):  # resuming named "other regeneration settings" instead
+        cfg.regenerate.resume = resume
+        with pytest.raises(DataError, match="notes.jsonl exists and was not written by a regen"):
+            prepare_data(cfg)
+        assert other.read_text() == "my notes\n"
 
 
 def test_temporaries_of_a_killed_run_are_removed_but_not_a_live_one(tmp_path, tokenizer_dir):

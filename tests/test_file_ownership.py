@@ -27,7 +27,15 @@ from eagle_train.cli import (
     train_draft_app,
 )
 from eagle_train.fsutil import UnsafePathError
-from eagle_train.ownership import RECORD, check_owned, owned_directory, read_record
+from eagle_train.ownership import (
+    RECORD,
+    check_owned,
+    check_owned_file,
+    file_record,
+    owned_directory,
+    owned_file,
+    read_record,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 NOTES = b"my notes: lr 3e-4 diverged at step 900\n"
@@ -279,3 +287,70 @@ def test_a_rewrite_by_the_tool_itself_is_recorded(tmp_path: Path):
     with_notes(out)
     with pytest.raises(UnsafePathError, match="NOTES.txt: not a file test-cmd wrote here"):
         record_rewrite(out, ["NOTES.txt"], "test-cmd")
+
+
+# --- single-file outputs ----------------------------------------------------------------------
+
+
+def write_owned_file(path: Path, data: bytes, command: str = "test-cmd") -> None:
+    with owned_file(path, "key", command) as tmp:
+        tmp.write_bytes(data)
+
+
+def test_a_single_file_output_is_replaced_only_as_it_was_written(tmp_path: Path):
+    out = tmp_path / "deep" / "prompts.jsonl"
+    write_owned_file(out, b"first\n")
+    assert out.read_bytes() == b"first\n" and file_record(out).is_file()
+    assert sorted(p.name for p in out.parent.iterdir()) == [file_record(out).name, out.name]
+    check_owned_file(out, "key", True, "test-cmd")  # its own, as written: replaceable
+    write_owned_file(out, b"second\n")
+    assert out.read_bytes() == b"second\n"
+    for refused, named in [
+        (lambda: check_owned_file(out, "key", False, "test-cmd"), "already exists"),
+        (lambda: check_owned_file(out, "key", True, "other-cmd"), "a file test-cmd wrote"),
+    ]:
+        with pytest.raises(UnsafePathError, match=named):
+            refused()
+    out.write_bytes(b"edited by the user\n")
+    with pytest.raises(UnsafePathError, match="a file changed since it was written"):
+        write_owned_file(out, b"third\n")
+    assert out.read_bytes() == b"edited by the user\n"
+    assert sorted(p.name for p in out.parent.iterdir()) == [file_record(out).name, out.name]
+
+
+def test_a_failed_single_file_write_leaves_nothing(tmp_path: Path):
+    out = tmp_path / "new" / "prompts.jsonl"
+    with pytest.raises(RuntimeError):
+        with owned_file(out, "key", "test-cmd") as tmp:
+            tmp.write_bytes(b"half")
+            raise RuntimeError("generation failed")
+    assert not (tmp_path / "new").exists()
+
+
+def synthesize_sets(world: Path, out: Path, prompts: Path, overwrite: bool) -> list[str]:
+    return [
+        f"output_dir={out}",
+        f"tokenizer={world / 'targets' / 'llama' / 'bf16'}",
+        "synthesize.enabled=true",
+        "regenerate.enabled=true",
+        f"synthesize.output_path={prompts}",
+        f"overwrite={str(overwrite).lower()}",
+    ]
+
+
+@pytest.mark.parametrize("overwrite", [False, True])
+def test_prepare_data_keeps_a_users_file_where_synthesized_prompts_go(
+    tiny_world: Path, tmp_path: Path, overwrite: bool
+):
+    """Before: the synthesized prompts were renamed over synthesize.output_path whatever it
+    held (a user's notes, their own prompts), with or without overwrite."""
+    notes, before = with_notes(tmp_path)
+    out = tmp_path / "data"
+    result = invoke(prepare_data_app, set_args(synthesize_sets(tiny_world, out, notes, overwrite)))
+    if overwrite:
+        named = f"synthesize.output_path {notes} is a file with no record of being written by it"
+    else:
+        named = f"synthesize.output_path {notes} already exists; set overwrite=true"
+    one_line_error(result, named)
+    assert digest(notes) == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["NOTES.txt"]

@@ -17,6 +17,8 @@ ALLOWED: dict[str, set[str]] = {
     "errors": set(),  # UserError, the base of every user-facing error: any room may import it
     "config": set(),
     "fsutil": set(),
+    # chat templates rendered as transformers renders them, within a step budget
+    "chat_template": set(),
     # the record of the files a command wrote into its output, and the rule that --overwrite
     # removes only those (every command that writes an output directory)
     "ownership": {"fsutil"},
@@ -24,14 +26,17 @@ ALLOWED: dict[str, set[str]] = {
     "parallel": set(),
     "engine": set(),  # vLLM engine and its counters: below data and evaluate
     "preemption": set(),  # SIGTERM/SIGUSR1 -> checkpoint and exit 0
+    # the memory a run will hold, from shapes (pure arithmetic) and what the device has free
+    "memory_plan": set(),
     # fetch.py writes the converted real target atomically; a bad model path is a
     # ConfigError naming the key
     "target_model": {"config", "fsutil", "ownership"},
     "optim": {"config"},
-    "demo": {"config", "fsutil", "ownership"},
-    "data": {"config", "fsutil", "engine", "ownership"},
-    "drafts": {"config", "data", "target_model"},
+    "demo": {"chat_template", "config", "fsutil", "ownership"},
+    "data": {"chat_template", "config", "fsutil", "engine", "ownership"},
+    "drafts": {"config", "data", "memory_plan", "target_model"},
     "evaluate": {
+        "chat_template",
         "config",
         "drafts",
         "engine",
@@ -52,11 +57,14 @@ ALLOWED: dict[str, set[str]] = {
     # config.yaml
     "run_dir": {"checkpoint", "config", "evaluate", "export", "fsutil", "run_config"},
     "acceptance_probe": {"evaluate", "export", "run_config"},  # vLLM AL during training
+    # train-draft's memory pre-flight: the plan of a run's components, checked on every rank
+    "preflight": {"data", "drafts", "memory_plan", "parallel", "run_config", "target_model"},
     # the Run the loop is set up with: checks, run lock, resume point, components, draft
     # vocabulary, optimizer, metrics sink, acceptance probe
     "train_setup": {
         *("acceptance_probe", "checkpoint", "config", "data", "drafts", "features", "fsutil"),
-        *("metrics", "optim", "parallel", "preemption", "run_config", "run_dir", "target_model"),
+        *("metrics", "optim", "parallel", "preemption", "preflight", "run_config", "run_dir"),
+        "target_model",
     },
     # the loop: imports the Run from train_setup and never calls back into it
     "train": {

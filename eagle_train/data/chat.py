@@ -46,56 +46,18 @@ from __future__ import annotations
 
 import hashlib
 import re
-import signal
-import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any
 
 import jinja2
 
+from eagle_train.chat_template import render_chat
 from eagle_train.data.errors import DataError
 from eagle_train.data.messages import REASONING_KEYS, Message
-from eagle_train.errors import UserError
 
 MARKER = "\x00CONTENT\x00"
-# One rendering of one conversation may take this long (a real template takes milliseconds;
-# two nested range(100000) loops would take hours): then the template is refused.
-RENDER_SECONDS = 10.0
-
-
-class TemplateTooSlowError(UserError, RuntimeError):
-    """A chat template that renders one conversation for longer than ``RENDER_SECONDS``: a
-    fault of the template, not of one record, so it stops the command (never skipped)."""
-
-
-@contextmanager
-def bounded_rendering(where: str) -> Iterator[None]:
-    """Interrupt the block after ``RENDER_SECONDS`` (SIGALRM, so only in the main thread, and
-    only when no other timer runs; elsewhere unbounded)."""
-    usable = (
-        hasattr(signal, "setitimer")
-        and threading.current_thread() is threading.main_thread()
-        and signal.getitimer(signal.ITIMER_REAL)[0] == 0
-    )
-    if not usable:
-        yield
-        return
-
-    def expire(signum: int, frame: Any) -> None:
-        raise TemplateTooSlowError(
-            f"{where}: the chat template rendered one conversation for over {RENDER_SECONDS:g}s "
-            "(a loop too large?): fix the template"
-        )
-
-    previous = signal.signal(signal.SIGALRM, expire)
-    signal.setitimer(signal.ITIMER_REAL, RENDER_SECONDS)
-    try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
+# What a template raises on a conversation it cannot render: a DataError naming the record.
+TEMPLATE_FAILURES = (jinja2.TemplateError, TypeError, KeyError, AttributeError, ArithmeticError)
 
 
 GENERATION_TAG = re.compile(r"\{%-?\s*generation\s*-?%\}")
@@ -121,7 +83,9 @@ class ChatRenderer:
         tokenizer: Any,
         chat_template: str | None = None,
         template_kwargs: dict[str, Any] | None = None,
+        source: str = "chat template",
     ) -> None:
+        """``source`` names the template in errors (its file, or the tokenizer's path)."""
         if not getattr(tokenizer, "is_fast", False):
             raise DataError(
                 "a fast tokenizer is needed (offsets map tokens to characters)", reason="config"
@@ -137,22 +101,35 @@ class ChatRenderer:
         self.tokenizer = tokenizer
         self.template: str = template
         self.template_kwargs: dict[str, Any] = dict(template_kwargs or {})
+        self.source = source
         self.uses_generation_blocks = bool(GENERATION_TAG.search(template))
         self.template_sha256 = hashlib.sha256(template.encode()).hexdigest()
 
     def render(
         self, messages: list[Message], *, add_generation_prompt: bool = False, where: str = ""
     ) -> str:
+        return self._render(messages, add_generation_prompt, where, None)
+
+    def _render(
+        self,
+        messages: list[Message],
+        add_generation_prompt: bool,
+        where: str,
+        spans: list[Span] | None,
+    ) -> str:
+        """As ``apply_chat_template`` renders (its variables: the special tokens, then the
+        template kwargs), within the step budget of ``eagle_train.chat_template``."""
+        variables = {**self.tokenizer.special_tokens_map, **self.template_kwargs}
         try:
-            with bounded_rendering(where or "chat template"):
-                return self.tokenizer.apply_chat_template(
-                    messages,
-                    chat_template=self.template,
-                    tokenize=False,
-                    add_generation_prompt=add_generation_prompt,
-                    **self.template_kwargs,
-                )
-        except (jinja2.TemplateError, TypeError, KeyError, AttributeError) as exc:
+            return render_chat(
+                self.template,
+                list(messages),
+                variables,
+                add_generation_prompt=add_generation_prompt,
+                source=f"{self.source} ({where})" if where else self.source,
+                spans=spans,
+            )
+        except TEMPLATE_FAILURES as exc:
             raise DataError(
                 f"{where}: chat template failed: {exc}", reason="template_error"
             ) from None
@@ -181,24 +158,9 @@ class ChatRenderer:
         return rows
 
     def _generation_spans(self, messages: list[Message], where: str) -> tuple[str, list[Span]]:
-        from transformers.utils.chat_template_utils import render_jinja_template
-
-        try:
-            with bounded_rendering(where):
-                rendered, indices = cast(
-                    tuple[list[str], list[list[Span]]],
-                    render_jinja_template(
-                        conversations=[messages],
-                        chat_template=self.template,
-                        return_assistant_tokens_mask=True,
-                        **{**self.tokenizer.special_tokens_map, **self.template_kwargs},
-                    ),
-                )
-        except (jinja2.TemplateError, TypeError, KeyError, AttributeError) as exc:
-            raise DataError(
-                f"{where}: chat template failed: {exc}", reason="template_error"
-            ) from None
-        return rendered[0], [(s, e) for s, e in indices[0] if e > s]
+        spans: list[Span] = []
+        rendered = self._render(messages, False, where, spans)
+        return rendered, [(s, e) for s, e in spans if e > s]
 
     def _prefix_rows(self, messages: list[Message], where: str) -> list[tuple[str, list[Span]]]:
         full = self.render(messages, where=where)

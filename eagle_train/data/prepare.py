@@ -104,7 +104,10 @@ def prepare_data(cfg: PrepareDataConfig) -> PrepareReport:
     if missing:
         raise DataError(f"inputs not found: {', '.join(missing)}", reason="config")
     tokenizer = load_tokenizer(cfg.tokenizer)
-    renderer = ChatRenderer(tokenizer, _read_template(cfg.chat_template), cfg.chat_template_kwargs)
+    source = str(cfg.chat_template or f"the chat template of tokenizer {cfg.tokenizer}")
+    renderer = ChatRenderer(
+        tokenizer, _read_template(cfg.chat_template), cfg.chat_template_kwargs, source
+    )
     # The trainer builds the draft vocabulary (of the draft's configured size) from these.
     counter = TokenCounter(_checked_vocab_size(cfg, tokenizer))
     policy = BadRecordPolicy(cfg.on_bad_record)

@@ -104,8 +104,18 @@ def open_output(path: Path, settings: dict[str, Any], resume: bool) -> tuple[Tex
     meta_path = path.with_name(path.name + ".meta.json")
     settings = json.loads(json.dumps(settings))  # compare as stored (tuples become lists)
     done: set[str] = set()
+    if (path.exists() or path.is_symlink()) and not (
+        path.is_file() and not path.is_symlink() and meta_path.is_file()
+    ):
+        # Only a file an earlier regeneration wrote (with its settings beside it) is resumed
+        # or started again from empty: anything else is the user's.
+        raise DataError(
+            f"regenerate.output_path {path} exists and was not written by a regeneration "
+            f"(no {meta_path.name} beside it): refusing to overwrite it; choose another path",
+            reason="config",
+        )
     if resume and path.exists():
-        previous = json.loads(meta_path.read_text()) if meta_path.exists() else {}
+        previous = json.loads(meta_path.read_text())
         changed = sorted(
             k for k in settings.keys() | previous.keys() if settings.get(k) != previous.get(k)
         )
@@ -118,14 +128,6 @@ def open_output(path: Path, settings: dict[str, Any], resume: bool) -> tuple[Tex
             )
         done = _read_done_ids(path)
     else:
-        if path.exists() and not (path.is_file() and meta_path.is_file()):
-            # Only a file an earlier regeneration wrote (with its settings beside it) is
-            # started again from empty: anything else is the user's.
-            raise DataError(
-                f"regenerate.output_path {path} exists and was not written by a regeneration "
-                f"(no {meta_path.name} beside it): refusing to overwrite it; choose another path",
-                reason="config",
-            )
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text("")
         meta_path.write_text(json.dumps(settings, indent=1, sort_keys=True))

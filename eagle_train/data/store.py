@@ -36,7 +36,7 @@ from eagle_train.fsutil import (
     remove_stale_temporaries,
     topmost_missing,
 )
-from eagle_train.ownership import check_owned, owned_directory
+from eagle_train.ownership import check_owned, check_owned_file, owned_directory
 
 FORMAT = "eagle-train-prepared"
 FORMAT_VERSION = 1
@@ -86,6 +86,8 @@ def check_outputs(cfg: PrepareDataConfig) -> None:
         if cfg.synthesize.enabled:
             prompts = synthesized_path(cfg)
             check_no_overlap(prompts, "synthesize.output_path", [*files, ("output_dir", out)])
+            hint = "set overwrite=true"
+            check_owned_file(prompts, "synthesize.output_path", cfg.overwrite, COMMAND, hint)
     except UnsafePathError as exc:
         raise DataError(str(exc), reason="config") from None
     with output_lock(cfg.output_dir):

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import random
 import re
 from collections import Counter
@@ -29,6 +28,8 @@ from eagle_train.data.config import SynthesizeConfig
 from eagle_train.data.errors import DataError
 from eagle_train.data.generation import GenerationBackend, Sampling
 from eagle_train.data.stems import load_follow_ups, load_stems
+from eagle_train.data.store import COMMAND
+from eagle_train.ownership import owned_file
 
 log = logging.getLogger(__name__)
 
@@ -138,21 +139,19 @@ def write_prompts(
     follow_ups: tuple[str, ...],
     cfg: SynthesizeConfig,
 ) -> None:
-    """The prompts as OpenAI JSONL (temp + fsync + rename), each with a follow-up drawn from
-    ``follow_ups`` (none if empty); ids are ``synth-<index>``."""
+    """The prompts as OpenAI JSONL, each with a follow-up drawn from ``follow_ups`` (none if
+    empty); ids are ``synth-<index>``. Written to a temporary, renamed over ``path`` only
+    when that is absent or prepare-data's own as it wrote it (``ownership.owned_file``)."""
     rng = random.Random(cfg.seed)
     seconds = [rng.choice(follow_ups) for _ in prompts] if follow_ups else None
     system = cfg.system
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    with tmp.open("w", encoding="utf-8") as f:
-        for i, text in enumerate(prompts):
-            messages = [{"role": "system", "content": system}] if system is not None else []
-            messages.append({"role": "user", "content": text})
-            if seconds is not None:
-                messages.append({"role": "assistant", "content": ""})
-                messages.append({"role": "user", "content": seconds[i]})
-            f.write(json.dumps({"id": f"synth-{i:06d}", "messages": messages}) + "\n")
-        f.flush()
-        os.fsync(f.fileno())
-    tmp.rename(path)
+    lines = []
+    for i, text in enumerate(prompts):
+        messages = [{"role": "system", "content": system}] if system is not None else []
+        messages.append({"role": "user", "content": text})
+        if seconds is not None:
+            messages.append({"role": "assistant", "content": ""})
+            messages.append({"role": "user", "content": seconds[i]})
+        lines.append(json.dumps({"id": f"synth-{i:06d}", "messages": messages}) + "\n")
+    with owned_file(path, "synthesize.output_path", COMMAND) as tmp:
+        tmp.write_text("".join(lines), encoding="utf-8")

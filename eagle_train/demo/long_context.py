@@ -41,6 +41,7 @@ from typing import Any
 
 from pydantic import Field, model_validator
 
+from eagle_train.chat_template import chat_token_ids
 from eagle_train.config import ConfigError, StrictModel
 from eagle_train.demo.corpus import stdlib_files, stdlib_root
 from eagle_train.fsutil import (
@@ -292,7 +293,6 @@ def build_long_context(cfg: LongContextConfig, out_dir: Path, overwrite: bool = 
 
 
 def _rendered_len(tokenizer: Any, messages: list[dict[str, str]], generation: bool) -> int:
-    enc = tokenizer.apply_chat_template(
-        messages, add_generation_prompt=generation, tokenize=True, return_dict=True
-    )
-    return len(enc["input_ids"])
+    source = f"the chat template of tokenizer {tokenizer.name_or_path}"
+    ids = chat_token_ids(tokenizer, messages, add_generation_prompt=generation, source=source)
+    return len(ids)

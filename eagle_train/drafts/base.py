@@ -11,6 +11,7 @@ from torch import Tensor, nn
 from eagle_train.config import StrictModel
 from eagle_train.data.loader import Batch
 from eagle_train.data.vocab import VocabMapping
+from eagle_train.memory_plan import DraftActivations
 from eagle_train.target_model import FrozenTarget, TargetDescription, TargetFeatures
 from eagle_train.target_model.description import Capability
 
@@ -86,6 +87,12 @@ class DraftSpec(Protocol):
         gradient; its ``weight`` is the part's supervised count. The loop backpropagates each
         part as soon as it returns (under DDP ``no_sync`` for all but the last), and every
         part's backward reaches every trainable parameter."""
+
+    def activations(
+        self, cfg: Any, target: TargetDescription, tokens: int, rows: int
+    ) -> DraftActivations:
+        """What the draft's forward runs on for a micro-batch of ``tokens`` padded tokens in
+        at most ``rows`` rows (the memory pre-flight, ``memory_plan``)."""
 
     def propose(
         self,

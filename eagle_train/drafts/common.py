@@ -13,6 +13,7 @@ from torch import Tensor, nn
 from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
+from eagle_train.memory_plan import LayerShape
 from eagle_train.target_model import TargetDescription
 
 _Dims = TypeVar("_Dims", bound="DecoderDims")
@@ -47,6 +48,18 @@ class DecoderDims:
             "rms_norm_eps": target.rms_norm_eps,
         }
         return cls(**{**mirrored, **extra})
+
+
+def layer_shape(dims: DecoderDims, qk_norm: bool) -> LayerShape:
+    """The shape of one of the draft's decoder layers, for the memory pre-flight."""
+    return LayerShape(
+        hidden_size=dims.hidden_size,
+        intermediate_size=dims.intermediate_size,
+        num_heads=dims.num_heads,
+        num_kv_heads=dims.num_kv_heads,
+        head_dim=dims.head_dim,
+        qk_norm=qk_norm,
+    )
 
 
 def rotary_embedding(target: TargetDescription) -> LlamaRotaryEmbedding:

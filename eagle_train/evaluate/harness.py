@@ -17,6 +17,7 @@ from typing import Any
 
 from transformers import AutoTokenizer
 
+from eagle_train.chat_template import chat_token_ids
 from eagle_train.config import ConfigError
 from eagle_train.engine import VllmEngine
 from eagle_train.engine.remote import Remote
@@ -321,9 +322,10 @@ def render_turn(
             {"role": "assistant", "content": answer},
         ]
     messages.append({"role": "user", "content": prompt.turns[len(answers)]})
-    return tokenizer.apply_chat_template(
-        messages, add_generation_prompt=True, tokenize=True, return_dict=True, **kwargs
-    )["input_ids"]
+    source = f"the chat template of --target {tokenizer.name_or_path}"
+    return chat_token_ids(
+        tokenizer, messages, add_generation_prompt=True, source=source, template_kwargs=kwargs
+    )
 
 
 def _record(

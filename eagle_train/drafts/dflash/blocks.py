@@ -11,6 +11,11 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from eagle_train.drafts.common import DecoderDims, layer_shape
+from eagle_train.drafts.dflash.config import DFlashConfig
+from eagle_train.memory_plan import DraftActivations
+from eagle_train.target_model import TargetDescription
+
 # Published position-weight decay per block size (docs/algorithms/dflash.md).
 _GAMMA_POINTS = ((8, 4.0), (10, 5.0), (16, 7.0))
 
@@ -113,3 +118,21 @@ def sample_anchors(
 def block_positions(anchors: Tensor, block_size: int) -> Tensor:
     """(Bt, N, B) positions a+k of every block slot."""
     return anchors[..., None] + torch.arange(block_size, device=anchors.device)
+
+
+def block_activations(
+    cfg: DFlashConfig, target: TargetDescription, tokens: int, rows: int, num_features: int
+) -> DraftActivations:
+    """Up to ``num_anchors`` blocks per row (at most one per token), every slot of a block
+    through every layer; per context token fc's input and each layer's keys and values."""
+    dims = DecoderDims.from_target(target)
+    context_kv = 2 * dims.num_kv_heads * dims.head_dim
+    return DraftActivations(
+        units=min(rows * cfg.num_anchors, tokens) * cfg.block_size,
+        layer=layer_shape(dims, qk_norm=True),
+        num_layers=cfg.num_layers,
+        first_input=dims.hidden_size,
+        first_norms=1,
+        per_token=(num_features + 1) * dims.hidden_size + cfg.num_layers * context_kv,
+        what=f"draft.block_size={cfg.block_size}, draft.num_anchors={cfg.num_anchors}",
+    )

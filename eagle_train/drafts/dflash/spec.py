@@ -12,6 +12,7 @@ from eagle_train.data.vocab import VocabMapping
 from eagle_train.drafts.base import StepResult, VllmDrafter
 from eagle_train.drafts.dflash import export
 from eagle_train.drafts.dflash.blocks import (
+    block_activations,
     loss_gamma,
     sample_anchors,
     select_layer_ids,
@@ -22,6 +23,7 @@ from eagle_train.drafts.dflash.config import DFlashConfig
 from eagle_train.drafts.dflash.loss import accuracy_metrics, dflash_loss
 from eagle_train.drafts.dflash.model import DFlashDraft, DFlashShape
 from eagle_train.drafts.vocab_loss import TargetHead
+from eagle_train.memory_plan import DraftActivations
 from eagle_train.target_model import FrozenTarget, TargetDescription, TargetFeatures
 from eagle_train.target_model.description import Capability
 
@@ -99,6 +101,11 @@ class DFlashSpec:
         )
         metrics = {"loss": stats.loss.item(), **accuracy_metrics(stats)}
         return StepResult(loss=stats.loss, metrics=metrics, weight=int(anchors.valid.sum()))
+
+    def activations(
+        self, cfg: DFlashConfig, target: TargetDescription, tokens: int, rows: int
+    ) -> DraftActivations:
+        return block_activations(cfg, target, tokens, rows, len(self.layer_ids(cfg, target)))
 
     @torch.no_grad()
     def propose(

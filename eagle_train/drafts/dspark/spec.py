@@ -13,6 +13,7 @@ from eagle_train.data.vocab import VocabMapping
 from eagle_train.drafts.base import StepResult, VllmDrafter
 from eagle_train.drafts.dflash import export as dflash_export
 from eagle_train.drafts.dflash.blocks import (
+    block_activations,
     sample_anchors,
     select_layer_ids,
     slot_mask,
@@ -23,6 +24,7 @@ from eagle_train.drafts.dspark import export
 from eagle_train.drafts.dspark.config import DSparkConfig
 from eagle_train.drafts.dspark.loss import dspark_loss, dspark_metrics
 from eagle_train.drafts.dspark.model import DSparkDraft
+from eagle_train.memory_plan import DraftActivations
 from eagle_train.target_model import FrozenTarget, TargetDescription, TargetFeatures
 from eagle_train.target_model.description import Capability
 
@@ -129,6 +131,11 @@ class DSparkSpec:
             conf = torch.sigmoid(draft.confidence_logit(hidden, embedding))
             conf = torch.cat([conf, conf[:, -1:]], dim=1)[:, :length]
         return torch.cat([ids, ids[:, -1:]], dim=1)[:, :length], conf
+
+    def activations(
+        self, cfg: DSparkConfig, target: TargetDescription, tokens: int, rows: int
+    ) -> DraftActivations:
+        return block_activations(cfg, target, tokens, rows, len(self.layer_ids(cfg, target)))
 
     def propose(
         self,

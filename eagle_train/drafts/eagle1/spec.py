@@ -11,12 +11,14 @@ from torch import Tensor, nn
 from eagle_train.data.loader import Batch
 from eagle_train.data.vocab import VocabMapping
 from eagle_train.drafts.base import StepResult, VllmDrafter
+from eagle_train.drafts.common import DecoderDims, layer_shape
 from eagle_train.drafts.eagle1 import export
 from eagle_train.drafts.eagle1.config import Eagle1Config
 from eagle_train.drafts.eagle1.loss import eagle1_loss
 from eagle_train.drafts.eagle1.model import Eagle1Draft
 from eagle_train.drafts.eagle_family import DraftShape, set_backend, shift_left, valid_slots
 from eagle_train.drafts.vocab_loss import TargetHead
+from eagle_train.memory_plan import DraftActivations
 from eagle_train.target_model import FrozenTarget, TargetDescription, TargetFeatures
 from eagle_train.target_model.description import Capability
 
@@ -98,6 +100,20 @@ class Eagle1Spec:
             "acc_0": (out.correct & mask).sum().item() / max(n, 1),
         }
         return StepResult(loss=out.loss, metrics=metrics, weight=n)
+
+    def activations(
+        self, cfg: Eagle1Config, target: TargetDescription, tokens: int, rows: int
+    ) -> DraftActivations:
+        """Every token once through fc and the layers (no training-time test)."""
+        return DraftActivations(
+            units=tokens,
+            layer=layer_shape(DecoderDims.from_target(target), qk_norm=False),
+            num_layers=cfg.num_layers,
+            first_input=target.hidden_size,
+            first_norms=1,
+            per_token=3 * target.hidden_size,  # fc's [embedding, feature] and the regressed one
+            what=f"draft.num_layers={cfg.num_layers}",
+        )
 
     @torch.no_grad()
     def propose(

@@ -11,6 +11,7 @@ from eagle_train.config import ConfigError
 from eagle_train.data.loader import Batch
 from eagle_train.data.vocab import VocabMapping
 from eagle_train.drafts.base import StepResult, VllmDrafter
+from eagle_train.drafts.common import DecoderDims, layer_shape
 from eagle_train.drafts.cycles import cycle_metrics
 from eagle_train.drafts.eagle3 import export
 from eagle_train.drafts.eagle3.config import Eagle3Config
@@ -25,6 +26,7 @@ from eagle_train.drafts.eagle_family import (
     set_backend,
 )
 from eagle_train.drafts.vocab_loss import TargetHead
+from eagle_train.memory_plan import DraftActivations
 from eagle_train.target_model import FrozenTarget, TargetDescription, TargetFeatures
 from eagle_train.target_model.description import Capability
 
@@ -129,6 +131,21 @@ class Eagle3Spec:
             for k, mass in enumerate(copied.mass):  # copy_attention: step 0, then _1, _2, ..
                 metrics["copy_attention" + (f"_{k}" if k else "")] = mass
         return StepResult(loss=loss, metrics=metrics, weight=int(stats.valid[0].sum()))
+
+    def activations(
+        self, cfg: Eagle3Config, target: TargetDescription, tokens: int, rows: int
+    ) -> DraftActivations:
+        """Every token through the fused layer (and the later ones) at each TTT step."""
+        dims = DecoderDims.from_target(target, num_kv_heads=cfg.num_kv_heads or target.num_kv_heads)
+        return DraftActivations(
+            units=tokens * cfg.ttt_steps,
+            layer=layer_shape(dims, draft_qk_norm(cfg.qk_norm, target)),
+            num_layers=cfg.num_layers,
+            first_input=2 * target.hidden_size,
+            first_norms=2,
+            per_token=len(self.target_layer_ids(cfg, target)) * target.hidden_size,
+            what=f"draft.ttt_steps={cfg.ttt_steps}",
+        )
 
     @torch.no_grad()
     def propose(

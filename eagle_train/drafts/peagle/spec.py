@@ -3,6 +3,7 @@ export."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -13,6 +14,7 @@ from transformers import AutoTokenizer
 from eagle_train.data.loader import Batch
 from eagle_train.data.vocab import VocabMapping
 from eagle_train.drafts.base import StepResult, VllmDrafter
+from eagle_train.drafts.common import DecoderDims, layer_shape
 from eagle_train.drafts.eagle_family import DraftShape, aux_layer_ids, draft_ids, draft_qk_norm
 from eagle_train.drafts.peagle import export
 from eagle_train.drafts.peagle.config import PEagleConfig
@@ -26,6 +28,7 @@ from eagle_train.drafts.peagle.sampling import (
     supervision,
 )
 from eagle_train.drafts.vocab_loss import TargetHead
+from eagle_train.memory_plan import DraftActivations
 from eagle_train.target_model import FrozenTarget, TargetDescription, TargetFeatures
 from eagle_train.target_model.description import Capability
 
@@ -136,6 +139,22 @@ class PEagleSpec:
     ) -> StepResult:
         (whole,) = self.loss_parts(draft, features, batch, cfg, num_segments=1)
         return whole()
+
+    def activations(
+        self, cfg: PEagleConfig, target: TargetDescription, tokens: int, rows: int
+    ) -> DraftActivations:
+        """The sampled elements (every token at depth 0, a kept share at each later depth)
+        through every layer, one segment of them per backward."""
+        keep = sum(keep_fractions(cfg.parallel_steps, cfg.keep_ratio, cfg.min_keep_ratio))
+        return DraftActivations(
+            units=math.ceil(tokens * keep / cfg.num_segments),
+            layer=layer_shape(DecoderDims.from_target(target), draft_qk_norm(cfg.qk_norm, target)),
+            num_layers=cfg.num_layers,
+            first_input=2 * target.hidden_size,
+            first_norms=2,
+            per_token=len(self.target_layer_ids(cfg, target)) * target.hidden_size,
+            what=f"draft.parallel_steps={cfg.parallel_steps}",
+        )
 
     @torch.no_grad()
     def propose(
