@@ -132,3 +132,17 @@ def tiny_llama_data(tiny_world: Path, tmp_path_factory: pytest.TempPathFactory) 
     """Training rows for the tiny Llama target, original (not regenerated) answers."""
     out = tmp_path_factory.mktemp("data") / "llama-train"
     return prepare_tiny_data(tiny_world, "llama", "train", out, regenerate=False)
+
+
+# Chats of the smaller training set: the tests that extract a feature cache run the target's
+# whole head (33,024 rows) on every token for its greedy tokens, so they keep to a few
+# shards' worth of rows (83: no batch or block size divides it).
+FEW_CHATS = 83
+
+
+@pytest.fixture(scope="session")
+def few_llama_data(tiny_world: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The first ``FEW_CHATS`` training chats prepared for the tiny Llama target (original
+    answers): the data of the tests that build a feature cache."""
+    out = tmp_path_factory.mktemp("data") / f"llama-train-{FEW_CHATS}"
+    return prepare_tiny_data(tiny_world, "llama", "train", out, False, num_chats=FEW_CHATS)

@@ -64,14 +64,14 @@ def cli_args(world: Path, train: str, out: Path, *extra: str) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def sources(tiny_world: Path, tiny_llama_data: Path, tmp_path_factory) -> dict[str, Path]:
-    """Two prepared datasets (the tiny world's train and val chats) and a feature cache for
-    each, made by prepare-features as a user runs it, once per dataset; the first cache holds
-    a val/ split made for the second dataset too."""
+def sources(tiny_world: Path, few_llama_data: Path, tmp_path_factory) -> dict[str, Path]:
+    """Two prepared datasets (83 of the tiny world's train chats and its val chats) and a
+    feature cache for each, made by prepare-features as a user runs it, once per dataset; the
+    first cache holds a val/ split made for the second dataset too."""
     root = tmp_path_factory.mktemp("mixcache")
     small = prepare_tiny_data(tiny_world, "llama", "val", root / "llama-val", regenerate=False)
-    made = {"a": tiny_llama_data, "b": small}
-    for name, data, val in (("a", tiny_llama_data, small), ("b", small, None)):
+    made = {"a": few_llama_data, "b": small}
+    for name, data, val in (("a", few_llama_data, small), ("b", small, None)):
         extra = [f"data.features={root / f'feat-{name}'}", f"data.val={val or 'null'}"]
         args = cli_args(tiny_world, str(data), root / "unused", *extra)
         result = CliRunner().invoke(prepare_features_app, args)
