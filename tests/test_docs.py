@@ -136,6 +136,19 @@ def test_no_page_names_a_path_of_one_machine():
     assert not bad, "\n".join(bad)
 
 
+def test_no_test_asset_records_a_path_of_one_machine():
+    """An asset's config names its target by a name, not by the folder it was made from: on a
+    machine where that folder exists the drafter's target check compares with it, and the
+    tests would pass or fail by what the machine holds."""
+    assets = Path(__file__).parent / "assets"
+    bad = [
+        f"{p.relative_to(assets)}: {hit}"
+        for p in sorted(assets.rglob("*.json"))
+        for hit in machine_paths(p.read_text())
+    ]
+    assert not bad, "\n".join(bad)
+
+
 @pytest.mark.parametrize(
     ("text", "found"),
     [

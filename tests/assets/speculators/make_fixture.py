@@ -51,7 +51,9 @@ model = Eagle3DraftModel.from_training_args(
     norm_before_residual=False,
     target_layer_ids=[1, 2, 3],
     ttt_steps=3,
-    verifier_name_or_path=str(verifier),
+    # a name, not this machine's path: a path that exists on the machine running the tests
+    # would be compared with the tests' target (evaluate/drafter.py: other_target)
+    verifier_name_or_path="eagle-train-tests/tiny-world-llama-fp32",
     draft_attn_impl="sdpa",
 )
 with torch.no_grad():
