@@ -6,17 +6,19 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import torch
 from conftest import draft_vocab_sets
+from old_formats import write_feature_cache_format_1
 from realistic import assert_shapes_like_real_use, vocab_ids
+from safetensors import safe_open
 from transformers import AutoModelForCausalLM
 from typer.testing import CliRunner
 
@@ -27,7 +29,12 @@ from eagle_train.features import prepare_features
 from eagle_train.metrics import read_metrics
 from eagle_train.run_config import RunConfig
 from eagle_train.target_model import FrozenTarget
-from eagle_train.target_model.cache import FeatureCache, FeatureCacheError, verify_cache
+from eagle_train.target_model.cache import (
+    CacheChain,
+    FeatureCache,
+    FeatureCacheError,
+    verify_cache,
+)
 from eagle_train.target_model.extract import ExtractSettings
 from eagle_train.target_model.source import CachedFeatures
 from eagle_train.target_model.weights import load_target_head
@@ -128,14 +135,20 @@ def test_cached_greedy_tokens_and_vocabulary_logits_are_transformers_own(
     # the target's greedy tokens hold ids above 32,767, where a 16-bit id would wrap
     assert_shapes_like_real_use(ref.argmax(-1)[clear], "transformers' greedy tokens")
 
-    # format 2 stores the greedy tokens; format 1 (copied, manifest rewritten) recomputes them
-    old = tmp_path / "v1"
-    shutil.copytree(cache / "train", old)
-    manifest = json.loads((old / "manifest.json").read_text())
-    (old / "manifest.json").write_text(json.dumps({**manifest, "format_version": 1}))
-    for split, stored in ((cache / "train", True), (old, False)):
-        got = CachedFeatures(FeatureCache(split), head, [1, 2, 3], torch.device("cpu"))
-        features = got.for_batch(batch)
+    # format 2 stores the greedy tokens; a format 1 cache, written as its own code wrote it
+    # (shards without them), is read as before: the greedy tokens recomputed from the logits
+    old = write_feature_cache_format_1(
+        FrozenTarget(model), path, few_llama_data, tmp_path / "v1" / "train", [1, 2, 3]
+    )
+    with safe_open(old / "shard-00000.safetensors", framework="pt") as shard:
+        assert "greedy" not in shard.keys()  # safe_open has no __contains__
+    new = FeatureCache(cache / "train")
+    # a mixture of a format 2 and a format 1 source: the second's rows, read through the chain
+    mixed = (CacheChain([new, FeatureCache(old)]), new.num_rows, False)
+    for split, shift, stored in ((new, 0, True), (FeatureCache(old), 0, False), mixed):
+        got = CachedFeatures(split, head, [1, 2, 3], torch.device("cpu"))
+        assert batch.rows is not None
+        features = got.for_batch(replace(batch, rows=batch.rows + shift))
         assert (features.stored_greedy is not None) == stored
         assert torch.equal(features.greedy[clear], ref.argmax(-1)[clear])
         torch.testing.assert_close(
