@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -24,7 +25,9 @@ from typer.testing import CliRunner
 
 from eagle_train.cli import prepare_features_app, train_draft_app
 from eagle_train.config import load_config
+from eagle_train.data.config import PrepareDataConfig
 from eagle_train.data.loader import BatchLoader, PreparedData
+from eagle_train.data.prepare import prepare_data
 from eagle_train.features import prepare_features
 from eagle_train.metrics import read_metrics
 from eagle_train.run_config import RunConfig
@@ -195,24 +198,50 @@ def test_training_from_the_cache_gives_the_online_losses(
 def test_refuses_a_cache_for_another_target_layer_set_or_dataset(
     tiny_world, few_llama_data, cache, tmp_path
 ):
+    other = tmp_path / "elsewhere"
+    another_dataset(tiny_world, few_llama_data, other)
     base = run_sets(tiny_world, few_llama_data, cache, tmp_path / "r")
     cases = {
         "target": ["--set", f"target.path={tiny_world / 'targets' / 'llama' / 'fp32'}"],
         "layer set": ["--set", "draft.aux_layer_ids=[0, 2, 3]"],
-        "dataset": ["--set", f"data.train={few_llama_data.parent / 'elsewhere'}"],
+        "dataset": ["--set", f"data.train={other}"],
     }
-    other = few_llama_data.parent / "elsewhere"
-    if not other.exists():
-        import shutil
-
-        shutil.copytree(few_llama_data, other)
-        meta = json.loads((other / "meta.json").read_text())
-        meta["counts"]["note"] = "another dataset"
-        (other / "meta.json").write_text(json.dumps(meta))
     for what, extra in cases.items():
         result = CliRunner().invoke(train_draft_app, base + extra)
         assert result.exit_code == 2, result.output
         assert what in result.output and "made for something else" in result.output
+
+
+def another_dataset(world: Path, data: Path, out: Path) -> None:
+    """prepare-data, as a user runs it, on ``data``'s chats with one answer's words in another
+    order: the same tokens and counts, other rows. Its meta.json is then ``data``'s own (they
+    differed only in the chats file's path and the time), so the rows alone tell them apart."""
+    chats = [json.loads(line) for line in (data.parent / f"{data.name}-chats.jsonl").open()]
+    answer = next(m for m in chats[0]["messages"] if m["role"] == "assistant")
+    words = answer["content"].split(" ")
+    assert len(set(words)) > 1
+    answer["content"] = " ".join(words[1:] + words[:1])
+    edited = out.parent / "edited-chats.jsonl"
+    edited.write_text("".join(json.dumps(chat) + "\n" for chat in chats))
+    prepare_data(
+        load_config(
+            PrepareDataConfig,
+            None,
+            [
+                f"inputs=[{edited}]",
+                f"output_dir={out}",
+                "max_length=256",
+                "regenerate.enabled=false",
+            ]
+            + [f"tokenizer={world / 'targets' / 'llama' / 'bf16'}"],
+        )
+    )
+    ours, theirs = (json.loads((d / "meta.json").read_text()) for d in (data, out))
+    differ = {k for k in ours if ours[k] != theirs[k]}
+    assert differ <= {"sources", "created"} and ours["counts"] == theirs["counts"]
+    shutil.copyfile(data / "meta.json", out / "meta.json")
+    assert PreparedData(out).rows["input_ids"][0] != PreparedData(data).rows["input_ids"][0]
+    assert PreparedData(out).rows["input_ids"][1:] == PreparedData(data).rows["input_ids"][1:]
 
 
 def test_an_incomplete_cache_is_refused(tiny_world, few_llama_data, cache, tmp_path):
