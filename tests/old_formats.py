@@ -5,6 +5,9 @@ old file must lack what the old code never wrote, or code that wrongly asks for 
 Feature cache format 1: ``prepare-features`` at commit 0238302, the parent of 6875860 (which
 introduced format 2 and its stored greedy tokens). Its identity helpers (``target_identity``,
 ``dataset_sha256``, ``plan_shards``) are unchanged since, so they are imported, not copied.
+
+A prepared dataset from before the token counts: ``prepare-data`` at commit 3c5722e^, the parent
+of 3c5722e (which replaced ``vocab.safetensors`` by ``token_counts.safetensors``).
 """
 
 from __future__ import annotations
@@ -18,11 +21,13 @@ import torch
 from safetensors.torch import save
 
 from eagle_train.data.loader import PreparedData
+from eagle_train.data.vocab import build_vocab_mapping, load_token_counts, save_vocab_mapping
 from eagle_train.target_model import FrozenTarget
 from eagle_train.target_model.cache import dataset_sha256, plan_shards
 from eagle_train.target_model.weights import target_identity
 
 FORMAT_1_COMMIT = "0238302"  # the last commit whose prepare-features wrote format 1
+BEFORE_COUNTS_COMMIT = "3c5722e^"  # the last commit whose prepare-data wrote vocab.safetensors
 
 
 def _write_json(path: Path, value: Any) -> None:
@@ -115,3 +120,39 @@ def write_feature_cache_format_1(
     }
     _write_json(out / "manifest.json", manifest)
     return out
+
+
+def as_dataset_before_token_counts(data: Path, draft_vocab_size: int | None) -> Path:
+    """Turn ``data``, just written by prepare-data, into what 3c5722e^'s prepare-data wrote for
+    the same chats (its rows, Arrow files and other meta fields are written as they were then):
+    ``vocab.safetensors``, the mapping of ``draft_vocab_size`` built from the same counts
+    (``build_vocab_mapping`` and ``save_vocab_mapping``, unchanged since), in place of
+    ``token_counts.safetensors``; meta.json's ``token_counts`` entry replaced by ``vocab``
+    ({file, draft_vocab_size, target_vocab_size}, null without a size, when no file was
+    written) and its ``files`` sizes taken again (``store.write_meta``)."""
+    counts = load_token_counts(data / "token_counts.safetensors")
+    (data / "token_counts.safetensors").unlink()
+    vocab = None
+    if draft_vocab_size:
+        save_vocab_mapping(
+            build_vocab_mapping(counts, draft_vocab_size), data / "vocab.safetensors"
+        )
+        vocab = {
+            "file": "vocab.safetensors",
+            "draft_vocab_size": draft_vocab_size,
+            "target_vocab_size": len(counts),
+        }
+    now = json.loads((data / "meta.json").read_text())
+    meta = {}
+    for key, value in now.items():
+        if key == "token_counts":
+            meta["vocab"] = vocab  # where 3c5722e^'s _meta put it: after regeneration
+        elif key != "files":
+            meta[key] = value
+    meta["files"] = {
+        str(p.relative_to(data)): p.stat().st_size
+        for p in sorted(data.rglob("*"))
+        if p.is_file() and p.name != "meta.json"
+    }
+    _write_json(data / "meta.json", meta)
+    return data
