@@ -10,9 +10,8 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 TINY_WORLD_CONFIG = REPO / "configs" / "demo" / "tiny.yaml"
-# The tests' draft vocabulary on the tiny world (half the 512 tokens its tokenizer produces,
-# in a 33,024-id vocabulary whose learned pieces sit above id 32,767; the demo train
-# configs' 1024 is half the default world's 2048).
+# The tests' draft vocabulary on the tiny world (half its 512-token target vocabulary; the
+# demo train configs' 1024 is half the default world's 2048).
 TINY_DRAFT_VOCAB = 256
 
 # vLLM on CPU: in-process engine, no hub, caches out of the home directory.
@@ -84,28 +83,16 @@ def tiny_world(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def prepare_tiny_data(
-    world: Path,
-    family: str,
-    split: str,
-    out: Path,
-    regenerate: bool,
-    max_new_tokens: int = 48,
-    num_chats: int | None = None,
+    world: Path, family: str, split: str, out: Path, regenerate: bool, max_new_tokens: int = 48
 ) -> Path:
-    """prepare-data on the tiny world's chats for one target, as a user would run it
-    (``num_chats``: its first that many chats only)."""
+    """prepare-data on the tiny world's chats for one target, as a user would run it."""
     from eagle_train.config import load_config
     from eagle_train.data.config import PrepareDataConfig
     from eagle_train.data.prepare import prepare_data
 
     target = world / "targets" / family / "bf16"
-    chats = world / "data" / f"{split}.jsonl"
-    if num_chats is not None:
-        first = chats.read_text().splitlines(keepends=True)[:num_chats]
-        chats = out.parent / f"{out.name}-chats.jsonl"
-        chats.write_text("".join(first))
     overrides = [
-        f"inputs=[{chats}]",
+        f"inputs=[{world / 'data' / f'{split}.jsonl'}]",
         f"output_dir={out}",
         f"tokenizer={target}",
         "max_length=256",
@@ -132,17 +119,3 @@ def tiny_llama_data(tiny_world: Path, tmp_path_factory: pytest.TempPathFactory) 
     """Training rows for the tiny Llama target, original (not regenerated) answers."""
     out = tmp_path_factory.mktemp("data") / "llama-train"
     return prepare_tiny_data(tiny_world, "llama", "train", out, regenerate=False)
-
-
-# Chats of the smaller training set: the tests that extract a feature cache run the target's
-# whole head (33,024 rows) on every token for its greedy tokens, so they keep to a few
-# shards' worth of rows (83: no batch or block size divides it).
-FEW_CHATS = 83
-
-
-@pytest.fixture(scope="session")
-def few_llama_data(tiny_world: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The first ``FEW_CHATS`` training chats prepared for the tiny Llama target (original
-    answers): the data of the tests that build a feature cache."""
-    out = tmp_path_factory.mktemp("data") / f"llama-train-{FEW_CHATS}"
-    return prepare_tiny_data(tiny_world, "llama", "train", out, False, num_chats=FEW_CHATS)

@@ -64,16 +64,14 @@ def cli_args(world: Path, train: str, out: Path, *extra: str) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def sources(tiny_world: Path, tmp_path_factory) -> dict[str, Path]:
-    """Two prepared datasets (37 of the tiny world's train chats and 17 of its val chats:
-    every step of EAGLE-1, which the resume test trains, runs the target's whole 33,024-row
-    head) and a feature cache for each, made by prepare-features as a user runs it, once per
-    dataset; the first cache holds a val/ split made for the second dataset too."""
+def sources(tiny_world: Path, tiny_llama_data: Path, tmp_path_factory) -> dict[str, Path]:
+    """Two prepared datasets (the tiny world's train and val chats) and a feature cache for
+    each, made by prepare-features as a user runs it, once per dataset; the first cache holds
+    a val/ split made for the second dataset too."""
     root = tmp_path_factory.mktemp("mixcache")
-    big = prepare_tiny_data(tiny_world, "llama", "train", root / "llama-train", False, num_chats=37)
-    small = prepare_tiny_data(tiny_world, "llama", "val", root / "llama-val", False, num_chats=17)
-    made = {"a": big, "b": small}
-    for name, data, val in (("a", big, small), ("b", small, None)):
+    small = prepare_tiny_data(tiny_world, "llama", "val", root / "llama-val", regenerate=False)
+    made = {"a": tiny_llama_data, "b": small}
+    for name, data, val in (("a", tiny_llama_data, small), ("b", small, None)):
         extra = [f"data.features={root / f'feat-{name}'}", f"data.val={val or 'null'}"]
         args = cli_args(tiny_world, str(data), root / "unused", *extra)
         result = CliRunner().invoke(prepare_features_app, args)

@@ -256,19 +256,19 @@ def test_an_export_manifest_naming_a_file_outside_is_refused(trained: Path, tmp_
 
 
 @pytest.fixture(scope="module")
-def cache(tiny_world: Path, few_llama_data: Path, tmp_path_factory) -> Path:
+def cache(tiny_world: Path, tiny_llama_data: Path, tmp_path_factory) -> Path:
     """A feature cache of the training split alone, in 1 MiB shards."""
     from eagle_train.cli import prepare_features_app
 
     out = tmp_path_factory.mktemp("features2") / "llama"
-    args = feature_sets(tiny_world, few_llama_data, out, out.parent / "unused")
+    args = feature_sets(tiny_world, tiny_llama_data, out, out.parent / "unused")
     result = CliRunner().invoke(prepare_features_app, [*args, "--shard-mib", "1"])
     assert result.exit_code == 0, result.output
     return out
 
 
 def test_a_corrupt_cache_shard_is_named_on_its_first_read(
-    tiny_world: Path, few_llama_data: Path, cache: Path, tmp_path: Path
+    tiny_world: Path, tiny_llama_data: Path, cache: Path, tmp_path: Path
 ):
     """Before: a shard with 4 KiB overwritten (same size) trained 40 steps on garbage, then
     stopped with "non-finite loss" without naming the cache."""
@@ -280,7 +280,7 @@ def test_a_corrupt_cache_shard_is_named_on_its_first_read(
         data[-4096:] = bytes(4096)
         shard.write_bytes(bytes(data))
     before = snapshot(copy)
-    args = feature_sets(tiny_world, few_llama_data, copy, tmp_path / "run")
+    args = feature_sets(tiny_world, tiny_llama_data, copy, tmp_path / "run")
     result = CliRunner().invoke(train_draft_app, args)
     one_line_error(result, "sha256 differs from the one", "(corrupt)")
     named = result.output.split("error: ")[1].split(":")[0]
@@ -295,7 +295,7 @@ def test_a_corrupt_cache_shard_is_named_on_its_first_read(
 
 
 def test_a_corrupt_checkpoint_file_is_named_at_resume(
-    trained: Path, tiny_world: Path, few_llama_data: Path, tmp_path: Path
+    trained: Path, tiny_world: Path, tiny_llama_data: Path, tmp_path: Path
 ):
     """A checkpoint file changed after it was written (same size) is named, in one line."""
     ckpt = copy_checkpoint(trained, tmp_path)
@@ -305,7 +305,7 @@ def test_a_corrupt_checkpoint_file_is_named_at_resume(
     optimizer.write_bytes(bytes(data))
     before = snapshot(ckpt)
     target = tiny_world / "targets" / "llama" / "bf16"
-    sets = run_sets(target, few_llama_data, tmp_path / "run", f"train.resume={ckpt}")
+    sets = run_sets(target, tiny_llama_data, tmp_path / "run", f"train.resume={ckpt}")
     result = train_cli(CONFIG, sets)
     one_line_error(result, f"cannot resume from {ckpt}: {optimizer}: sha256 differs")
     assert snapshot(ckpt) == before
@@ -349,7 +349,7 @@ def test_a_wrong_typed_trainer_state_is_named(trained: Path, tmp_path: Path, cha
 
 
 def test_a_crafted_pickle_or_a_bad_header_in_a_checkpoint_is_one_line(
-    trained: Path, tiny_world: Path, few_llama_data: Path, tmp_path: Path
+    trained: Path, tiny_world: Path, tiny_llama_data: Path, tmp_path: Path
 ):
     """Before: an UnpicklingError / SafetensorError traceback (the manifest had been made to
     match the crafted files, so the hash check passed)."""
@@ -361,7 +361,7 @@ def test_a_crafted_pickle_or_a_bad_header_in_a_checkpoint_is_one_line(
     ckpt = copy_checkpoint(trained, tmp_path / "pickle")
     torch.save({"state": {}, "evil": _Payload(marker)}, ckpt / "optimizer.pt")
     refingerprint(ckpt, "optimizer.pt")
-    sets = run_sets(target, few_llama_data, tmp_path / "run", f"train.resume={ckpt}")
+    sets = run_sets(target, tiny_llama_data, tmp_path / "run", f"train.resume={ckpt}")
     one_line_error(train_cli(CONFIG, sets), f"{ckpt / 'optimizer.pt'}: refused")
     assert not marker.exists()
     ckpt = copy_checkpoint(trained, tmp_path / "header")
@@ -372,7 +372,7 @@ def test_a_crafted_pickle_or_a_bad_header_in_a_checkpoint_is_one_line(
 
 
 def test_a_symlinked_checkpoint_is_not_rotated(
-    trained: Path, tiny_world: Path, few_llama_data: Path, tmp_path: Path
+    trained: Path, tiny_world: Path, tiny_llama_data: Path, tmp_path: Path
 ):
     """Before: rotation called rmtree on a symlinked step-* directory: an OSError traceback
     at the end of the run (and, had it followed the link, the user's copy deleted)."""
@@ -382,7 +382,7 @@ def test_a_symlinked_checkpoint_is_not_rotated(
     (out / "checkpoints" / "step-0000001").symlink_to(kept, target_is_directory=True)
     before = snapshot(kept)
     target = tiny_world / "targets" / "llama" / "bf16"
-    sets = run_sets(target, few_llama_data, out, "train.max_steps=3", "train.keep_last=1")
+    sets = run_sets(target, tiny_llama_data, out, "train.max_steps=3", "train.keep_last=1")
     result = train_cli(CONFIG, [*sets, "train.resume=auto"])
     assert result.exit_code == 0, result.output
     assert (out / "checkpoints" / "step-0000001").is_symlink() and snapshot(kept) == before
