@@ -99,6 +99,17 @@ def test_a_measured_step_stays_under_the_estimate() -> None:
     assert estimate <= 2 * measured["peak"], (estimate, measured)
 
 
+def _train_draft(sets: list[str]) -> subprocess.CompletedProcess:
+    """``eagle-train train-draft`` with ``sets``, in its own process (one thread)."""
+    return subprocess.run(
+        [sys.executable, "-m", "eagle_train.cli", "train-draft", *cli_args(sets)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        timeout=300,
+    )
+
+
 def test_train_draft_refuses_a_run_that_does_not_fit(
     tiny_world: Path, tiny_llama_data: Path, tmp_path: Path
 ) -> None:
@@ -111,13 +122,7 @@ def test_train_draft_refuses_a_run_that_does_not_fit(
         f"data.max_length={1 << 20}",
         "train.memory_limit_gib=0.05",
     )
-    proc = subprocess.run(
-        [sys.executable, "-m", "eagle_train.cli", "train-draft", *cli_args(sets)],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
-        timeout=300,
-    )
+    proc = _train_draft(sets)
     assert proc.returncode == 2, proc.stderr
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and "Traceback" not in proc.stderr, proc.stderr
@@ -142,12 +147,6 @@ def test_the_estimate_is_logged_and_the_check_can_be_skipped(
         "train.memory_check=false",
         "draft.ttt_steps=64",
     )
-    proc = subprocess.run(
-        [sys.executable, "-m", "eagle_train.cli", "train-draft", *cli_args(sets)],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
-        timeout=300,
-    )
+    proc = _train_draft(sets)
     assert proc.returncode == 0, proc.stderr
     assert "memory: about" in proc.stderr and "at the peak per rank" in proc.stderr
