@@ -130,6 +130,10 @@ def test_training_chats_go_through_prepare_data_whole(built: dict, tmp_path: Pat
     # every conversation is one row, uncropped (a template may add a token or two that the
     # manifest's rendering without special tokens leaves out)
     assert len(lengths) == len(whole)
+    # chat i takes range (i // 2) mod 4 and stays below its top, template and turns included
+    for i, c in enumerate(chats):
+        if len(c["messages"]) > 2:
+            assert manifest["train_tokens"][i] < RANGES[i // 2 % len(RANGES)][1], (i, c["id"])
     assert all(abs(a - b) <= 2 for a, b in zip(lengths, whole, strict=True)), (lengths, whole)
     assert max(lengths) > 2048
 

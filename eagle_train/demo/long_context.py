@@ -174,7 +174,8 @@ class Builder:
         }
 
     def chat(self, index: int) -> dict[str, Any]:
-        lo, hi = self.cfg.ranges[index % len(self.cfg.ranges)]
+        # chats alternate conversation, question: each kind takes every range in turn
+        lo, hi = self.cfg.ranges[(index // 2) % len(self.cfg.ranges)]
         goal = self.rng.randrange(lo, hi)
         if index % 2:  # a question the target answers in regeneration
             kind = QUESTION_KINDS[(index // 2) % len(QUESTION_KINDS)]
@@ -194,6 +195,10 @@ class Builder:
             # which a tokenizer may merge with the template's text before it)
             messages.append({"role": "assistant", "content": f"```python\n{f.text(at, stop)}```"})
             at = stop
+        # the code was sized without the template, fences and "Continue." turns: drop the
+        # last answers until the rendered chat is below the range's top
+        while len(messages) > 2 and _rendered_len(self.tok, messages, False) >= hi:
+            del messages[-2:]
         return {"id": f"long-train-{index:05d}", "messages": messages}
 
 
