@@ -22,6 +22,7 @@ from eagle_train.cli import train_draft_app
 from eagle_train.config import ConfigError
 from eagle_train.data.loader import Batch
 from eagle_train.drafts.eagle3.config import Eagle3Config
+from eagle_train.drafts.eagle3 import copy_loss
 from eagle_train.drafts.eagle3.copy_loss import copy_attention_loss, copy_targets
 from eagle_train.drafts.registry import get_draft
 from eagle_train.metrics import read_metrics
@@ -71,7 +72,10 @@ def reference_loss(queries, keys, ids, lengths, matches_per_step):
     return sum(losses) / len(losses), masses, counts
 
 
-def test_loss_and_attention_mass_equal_a_per_slot_loop():
+@pytest.mark.parametrize("chunk", [8, 3], ids=["one chunk", "chunks of 3 slots"])
+def test_loss_and_attention_mass_equal_a_per_slot_loop(chunk, monkeypatch):
+    # the slots run in chunks; 3 does not divide the 8 slots
+    monkeypatch.setattr(copy_loss, "_CHUNK_BYTES", 4 * 2 * 2 * 8 * chunk)
     torch.manual_seed(0)
     q = [torch.randn(2, 2, 8, 4, dtype=torch.float64) for _ in range(2)]  # (B, heads, T, D)
     k = [torch.randn(2, 2, 8, 4, dtype=torch.float64) for _ in range(2)]
@@ -94,6 +98,43 @@ def test_loss_and_attention_mass_equal_a_per_slot_loop():
             assert stats.loss.item() == pytest.approx(loss, rel=1e-6)
             assert stats.mass == pytest.approx(mass, rel=1e-6)
             assert stats.slots == per_head[0][2] == [4] * steps
+
+
+def test_chunked_slots_give_the_same_gradients_and_keep_nothing_t_by_t(monkeypatch):
+    """A 300-slot row with repeats, ids above 32,767: the loss and the gradients of every
+    query and key in chunks of 7 slots equal one chunk's, and autograd keeps no tensor of
+    T x T entries (what made copy supervision quadratic in the row's length)."""
+    torch.manual_seed(1)
+    t, heads = 300, 2
+    base = torch.randint(32768, 49152, (40,))
+    ids = torch.cat([base, torch.randint(32768, 49152, (60,)), base, base[:20]])
+    ids = torch.cat([ids, ids[: t - len(ids)]])[None].expand(2, t).clone()
+    ids[1, 150:] = torch.randint(32768, 49152, (150,))
+    lengths, mask = torch.tensor([t, 251]), torch.ones(2, t, dtype=torch.long)
+    mask[1, 251:] = 0
+    probed = [
+        tuple(torch.randn(2, heads, t, 8, requires_grad=True) for _ in range(2)) for _ in range(3)
+    ]
+    results = []
+    for chunk in (t, 7):
+        monkeypatch.setattr(copy_loss, "_CHUNK_BYTES", 4 * 2 * heads * t * chunk)
+        saved: list[int] = []
+
+        def keep(x: Tensor) -> Tensor:
+            saved.append(x.numel())
+            return x
+
+        with torch.autograd.graph.saved_tensors_hooks(keep, lambda x: x):
+            stats = copy_attention_loss(probed, ids, mask, lengths)
+        grads = torch.autograd.grad(stats.loss, [x for pair in probed for x in pair])
+        results.append((stats, grads, max(saved)))
+    (full, full_grads, _), (chunked, chunked_grads, largest) = results
+    assert chunked.loss.item() == pytest.approx(full.loss.item(), rel=1e-5)
+    assert chunked.mass == pytest.approx(full.mass, rel=1e-5)
+    assert chunked.slots == full.slots and min(full.slots) > 0
+    for a, b in zip(full_grads, chunked_grads, strict=True):
+        torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-7)
+    assert largest < heads * t * t  # the chunked run keeps inputs only
 
 
 def test_unsupervised_slots_carry_no_copy_loss():
