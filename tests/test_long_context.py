@@ -138,6 +138,13 @@ def test_training_chats_go_through_prepare_data_whole(built: dict, tmp_path: Pat
     assert max(lengths) > 2048
 
 
+def test_training_chats_alone_but_not_nothing(tiny_world: Path) -> None:
+    tokenizer = tiny_world / "targets" / "llama" / "bf16"
+    assert LongContextConfig(tokenizer=tokenizer, num_prompts=0).num_train == 200
+    with pytest.raises(ValueError, match="num_prompts and num_train are both 0"):
+        LongContextConfig(tokenizer=tokenizer, num_prompts=0, num_train=0)
+
+
 def test_a_bad_tokenizer_is_one_line_and_writes_nothing(tmp_path: Path) -> None:
     from eagle_train.errors import UserError
 

@@ -72,8 +72,9 @@ class LongContextConfig(StrictModel):
     with its chat template."""
     seed: int = 0
     """Seed of the choice of files, passages and kinds (the same seed, the same set)."""
-    num_prompts: int = Field(default=40, ge=1)
-    """Prompts written to prompts.jsonl (eval-acceptance's prompts), spread over ranges."""
+    num_prompts: int = Field(default=40, ge=0)
+    """Prompts written to prompts.jsonl (eval-acceptance's prompts), spread over ranges; 0
+    builds training chats only."""
     num_train: int = Field(default=200, ge=0)
     """Training chats written to train.jsonl (prepare-data's inputs)."""
     ranges: list[tuple[int, int]] = [(512, 1024), (1024, 2048), (2048, 4096), (4096, 8192)]
@@ -87,6 +88,8 @@ class LongContextConfig(StrictModel):
 
     @model_validator(mode="after")
     def _ranges_fit(self) -> LongContextConfig:
+        if self.num_prompts == 0 and self.num_train == 0:
+            raise ValueError("num_prompts and num_train are both 0: nothing to build")
         for lo, hi in self.ranges:
             if not 0 < lo < hi - self.answer_room:
                 raise ValueError(
