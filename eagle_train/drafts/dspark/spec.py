@@ -24,6 +24,7 @@ from eagle_train.drafts.dspark import export
 from eagle_train.drafts.dspark.config import DSparkConfig
 from eagle_train.drafts.dspark.loss import dspark_loss, dspark_metrics
 from eagle_train.drafts.dspark.model import DSparkDraft
+from eagle_train.drafts.vocab_loss import TargetHead
 from eagle_train.memory_plan import DraftActivations
 from eagle_train.target_model import FrozenTarget, TargetDescription, TargetFeatures
 from eagle_train.target_model.description import Capability
@@ -100,7 +101,7 @@ class DSparkSpec:
             module,
             hidden,
             batch.input_ids,
-            features.logits,
+            TargetHead.of(features),
             anchors.positions,
             slot_mask(batch.loss_mask, anchors.positions, anchors.valid, span),
             weights,
