@@ -4,7 +4,7 @@ block drafts (DFlash, DSpark) share, ``BlockSpec``."""
 from __future__ import annotations
 
 from types import ModuleType
-from typing import Any, ClassVar
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -40,7 +40,7 @@ class BlockSpec:
 
     target_needs: Capability = "aux_hidden_states"
     uses_draft_vocab = False
-    export: ClassVar[ModuleType]  # to_vllm, expected_tensors, from_speculators
+    export: ModuleType  # to_vllm, expected_tensors, from_speculators
 
     def layer_ids(self, cfg: DFlashConfig, target: TargetDescription) -> list[int]:
         """0-based target layer outputs (DFlash's convention, written to config.json)."""
