@@ -1,7 +1,7 @@
 """Training memory per token per TTT step (or per block slot) beside the bound the shapes set.
 
 Per algorithm (EAGLE-3 at K=1/3/7 with a draft vocabulary and with the full vocabulary,
-P-EAGLE, DFlash), per target shape (benchmarks/benchlib.py's SHAPES: random weights) and per
+P-EAGLE, DFlash, DSpark), per target shape (benchmarks/benchlib.py's SHAPES: random weights) and per
 sequence length, one training step (forward, loss, backward, MasterWeightAdamW step) on one
 row of random tokens, every token supervised, with random target features (the target
 itself is not run: its memory is not the draft's). Each point runs in a fresh subprocess:
@@ -14,7 +14,7 @@ itself is not run: its memory is not the draft's). Each point runs in a fresh su
 - gradients: the trainable parameters' gradients (and the loss's fp32 head-weight gradient
   accumulator where the head trains), which a step holds whatever its length: set apart;
 - activations = measured - gradients, divided by tokens x K (EAGLE-3), by the sampled
-  elements (P-EAGLE) or by the block slots (DFlash);
+  elements (P-EAGLE) or by the block slots (DFlash, DSpark);
 - bound: the train-draft pre-flight's estimate of what backward keeps, from the shapes
   (``eagle_train.memory_plan.activation_bytes`` of the draft spec's ``activations``: the
   norms' fp32 inputs, q/k/v and the attention output with its log-sum-exp, the MLP's gate,
@@ -45,6 +45,7 @@ CASES = [
     "eagle3-k7-full",
     "peagle-k4-full",
     "dflash-b16-full",
+    "dspark-b7-full",
 ]
 DRAFT_VOCAB = 32000  # the draft vocabulary of the "-dv" cases (SpecForge's and ours at 8B)
 WARMUP_TOKENS = 64
@@ -52,7 +53,7 @@ WARMUP_TOKENS = 64
 
 @dataclass(frozen=True)
 class Case:
-    algorithm: str  # eagle3, peagle, dflash
+    algorithm: str  # eagle3, peagle, dflash, dspark
     k: int  # TTT steps, parallel depths or block size
     draft_vocab: bool
 
@@ -80,7 +81,7 @@ def run_point(args: argparse.Namespace, case: Case, seq: int) -> dict:
     target = load_target(args.shape, "llama", device, max_positions=seq + 64, num_layers=4)
     vocab = shape["vocab_size"]
     spec = get_draft(case.algorithm)
-    cfg = spec.config_cls(**draft_settings(spec, case))
+    cfg = spec.config_cls(**draft_settings(spec, case, args.anchors))
     mapping = None
     if case.draft_vocab:
         ids = torch.randperm(vocab)[:DRAFT_VOCAB].sort().values
@@ -127,7 +128,9 @@ def run_point(args: argparse.Namespace, case: Case, seq: int) -> dict:
     if case.algorithm == "eagle3":
         count = seq * case.k  # token-steps (K TTT steps over every token)
     else:
-        count = units * (case.k - 1) if case.algorithm == "dflash" else units
+        # DFlash's slot 0 is the anchor; every DSpark slot predicts
+        slots = {"dflash": case.k - 1, "dspark": case.k}
+        count = units * slots.get(case.algorithm, 1)
     activations = peak - grads
     return {
         "case": f"{case.algorithm}-k{case.k}-{'dv' if case.draft_vocab else 'full'}",
@@ -155,8 +158,9 @@ def _mapping(ids, vocab: int):
     return VocabMapping(d2t=d2t, t2d=t2d, counts=t2d.long())
 
 
-def draft_settings(spec, case: Case) -> dict:
-    """The draft config of a case (the fields the installed eagle_train has)."""
+def draft_settings(spec, case: Case, anchors: int) -> dict:
+    """The draft config of a case (the fields the installed eagle_train has); ``anchors``
+    blocks at most per row (DFlash, DSpark)."""
     fields = spec.config_cls.model_fields
     if case.algorithm == "eagle3":
         return {"aux_layer_ids": [1, 2, 3], "ttt_steps": case.k}
@@ -175,7 +179,7 @@ def draft_settings(spec, case: Case) -> dict:
         "num_layers": 1,
         "block_size": case.k,
         "mask_token_id": 3,
-        "num_anchors": 512,
+        "num_anchors": anchors,
         **soft,
     }
 
@@ -238,6 +242,7 @@ def main() -> None:
     parser.add_argument("--seqs", type=int, nargs="+", default=[512, 1024, 2048])
     parser.add_argument("--cases", nargs="+", default=CASES, choices=CASES)
     parser.add_argument("--steps", type=int, default=2, help="timed steps after the measured one")
+    parser.add_argument("--anchors", type=int, default=512, help="DFlash's and DSpark's blocks")
     parser.add_argument("--json", help="also write the rows to this JSON file")
     parser.add_argument("--point", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -251,7 +256,7 @@ def main() -> None:
     failed = 0
     print(
         f"shape {args.shape}, {args.device}, {args.dtype}; per unit: token x TTT step "
-        "(EAGLE-3), element (P-EAGLE), block slot (DFlash)"
+        "(EAGLE-3), element (P-EAGLE), block slot (DFlash, DSpark)"
     )
     for seq in args.seqs:
         for name in args.cases:

@@ -7,19 +7,22 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
 from eagle_train.data.loader import Batch
-from eagle_train.drafts.dflash.blocks import slot_weights
+from eagle_train.drafts.dflash.blocks import sample_anchors, slot_mask, slot_weights
 from eagle_train.drafts.dspark.config import DSparkConfig
-from eagle_train.drafts.dspark.loss import dspark_loss
+from eagle_train.drafts.dspark.loss import DSparkStats, dspark_loss, dspark_metrics, vocab_terms
 from eagle_train.drafts.registry import get_draft, identify_drafter
+from eagle_train.drafts.vocab_loss import TargetHead
 from eagle_train.errors import UserError
 from eagle_train.target_model import FrozenTarget
 
 SPEC = get_draft("dspark")
 MASK = 3
 BIG_VOCAB = 40_000  # above 32,767: ids that overflow int16 and a real vocabulary's size
+WORLD_VOCAB = 33_024  # the smallest such vocabulary (129 x 256)
 
 
 def tiny_target(vocab: int = 64) -> FrozenTarget:
@@ -126,21 +129,29 @@ def test_objective_equals_a_slot_by_slot_reference(loss, confidence_target) -> N
     g = torch.Generator().manual_seed(5)
     length = 13
     ids = torch.randint(32_768, BIG_VOCAB, (2, length), generator=g)
-    target_logits = 3 * torch.randn(2, length, BIG_VOCAB, generator=g)
-    # a few slots whose target argmax is the draft's, so greedy targets are not all 0
+    # the target's head and final hidden states (logits of std ~3 at every position)
+    final = torch.randn(2, length, 32, generator=g)
+    head = torch.randn(BIG_VOCAB, 32, generator=g) * 0.5
     anchors = torch.tensor([[1, 4, 8], [2, 3, 0]])  # the last block of row 1 is padding
     mask = torch.ones(2, 3, 4, dtype=torch.bool)
     mask[0, 1, 2] = mask[0, 2, 3] = False  # a non-assistant token inside a block
     mask[1, 2] = False
     hidden = torch.randn(2, 3, 4, 32, generator=g, requires_grad=True)
     if confidence_target == "greedy":
+        # a few slots whose target argmax is the draft's, so greedy targets are not all 0:
+        # slot k of block 0 (position 1 + k) reads the k-th unit vector, which only the
+        # draft's argmax's row of the head answers strongly
         with torch.no_grad():
             z, _ = draft.slot_logits(hidden, ids[0, 1:5])
-            target_logits[0, 1:5] = z[0, 0] * 5  # slots 0..3 of block 0 agree
+            picked = z[0, 0].argmax(-1).tolist()
+            assert len(set(picked)) == 4
+            for k, j in enumerate(picked):
+                final[0, 1 + k] = torch.eye(32)[k]
+                head[j] = 100 * torch.eye(32)[k]
     weights = slot_weights(cfg.block_size + 1, cfg.loss_gamma)
     # tiny chunks: several checkpointed chunks, recomputed in backward
-    stats = dspark_loss(draft, hidden, ids, target_logits, anchors, mask, weights, cfg, 1)
-    ref = reference_objective(draft, hidden, ids, target_logits, anchors, mask, cfg)
+    stats = dspark_loss(draft, hidden, ids, TargetHead(final, head), anchors, mask, weights, cfg, 1)
+    ref = reference_objective(draft, hidden, ids, final @ head.T, anchors, mask, cfg)
     torch.testing.assert_close(stats.loss, ref, rtol=1e-5, atol=1e-6)
     params = [hidden, *[p for p in draft.parameters() if p.requires_grad]]
     ours = torch.autograd.grad(stats.loss, params, allow_unused=True)
@@ -152,6 +163,66 @@ def test_objective_equals_a_slot_by_slot_reference(loss, confidence_target) -> N
             torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
     if confidence_target == "greedy":
         assert stats.correct[0, 0].all() and not stats.correct[1].all()
+
+
+def old_objective(draft, features, batch, cfg, anchors) -> DSparkStats:
+    """The objective as it read the target before issue 61: the target's head over every
+    position, (Bt, T, V) logits, indexed at each slot's position, then ``vocab_terms``."""
+    ids, length, span = batch.input_ids, batch.input_ids.shape[1], cfg.block_size + 1
+    hidden = draft(features.aux, ids, anchors.positions)
+    full = features.head(features.final)  # (Bt, T, V)
+    pos = (anchors.positions[..., None] + torch.arange(cfg.block_size)).clamp(max=length - 1)
+    at = lambda x, p: torch.stack([x[b, p[b]] for b in range(len(x))])  # noqa: E731
+    target = at(full, pos)
+    logits, emb = draft.slot_logits(hidden, at(ids, pos))
+    ce, tv = vocab_terms(logits, target, at(ids, (pos + 1).clamp(max=length - 1)), cfg.loss)
+    mask = slot_mask(batch.loss_mask, anchors.positions, anchors.valid, span)
+    w = slot_weights(span, cfg.loss_gamma or 4.0) * mask
+    correct = logits.argmax(-1) == target.argmax(-1)
+    c = draft.confidence_logit(hidden.detach(), emb.detach())
+    y = 1.0 - tv.detach() if cfg.confidence_target == "tv" else correct.float()
+    bce = F.binary_cross_entropy_with_logits(c, y, reduction="none")
+    conf_loss = (mask * bce).sum() / mask.sum()
+    loss = (w * (cfg.ce_weight * ce + cfg.tv_weight * tv)).sum() / w.sum()
+    loss = loss + cfg.confidence_weight * conf_loss
+    return DSparkStats(
+        loss, correct, mask, ce.detach(), tv.detach(), torch.sigmoid(c).detach(), conf_loss.detach()
+    )
+
+
+@pytest.mark.parametrize("loss, confidence_target", [("hard_ce", "tv"), ("forward_kl", "greedy")])
+def test_compute_loss_never_forms_the_targets_logits_and_equals_the_old_objective(
+    loss, confidence_target
+) -> None:
+    """Issue 61: the target's logits of the loss's slots alone, made chunk by chunk from its
+    final hidden states; the loss, metrics and every gradient as when the (T, V) logits were
+    made whole, on a vocabulary above 32,767 ids."""
+    target = tiny_target(WORLD_VOCAB)
+    cfg, draft = build(
+        target, loss=loss, confidence_target=confidence_target, ce_weight=0.3, num_anchors=3
+    )
+    g = torch.Generator().manual_seed(11)
+    ids = torch.randint(32_768, WORLD_VOCAB, (2, 16), generator=g)
+    loss_mask = torch.ones_like(ids)
+    loss_mask[0, 6] = 0  # a slot outside the assistant's turns
+    batch = Batch(ids, torch.ones_like(ids), loss_mask, torch.tensor([16, 11]))
+    features = target.features(ids, None, SPEC.target_layer_ids(cfg, target.description))
+    torch.manual_seed(3)
+    result = SPEC.compute_loss(draft, features, batch, cfg)
+    assert "logits" not in features.__dict__  # the (Bt, T, V) logits were never made
+    torch.manual_seed(3)
+    anchors = sample_anchors(loss_mask, batch.lengths, cfg.block_size + 1, 3)
+    ref = old_objective(draft, features, batch, cfg, anchors)
+    torch.testing.assert_close(result.loss, ref.loss, rtol=1e-5, atol=1e-6)
+    expected = {"loss": ref.loss.item(), **dspark_metrics(ref)}
+    assert result.metrics.keys() == expected.keys()
+    for key, value in expected.items():
+        assert result.metrics[key] == pytest.approx(value, rel=1e-5, abs=1e-6), key
+    named = {n: p for n, p in draft.named_parameters() if p.requires_grad}
+    ours = torch.autograd.grad(result.loss, list(named.values()))
+    refs = torch.autograd.grad(ref.loss, list(named.values()))
+    for name, a, b in zip(named, ours, refs, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6, msg=name)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

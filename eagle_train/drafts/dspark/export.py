@@ -132,9 +132,3 @@ def from_speculators(config: dict[str, Any]) -> dict[str, Any] | None:
         if key != "target_layer_ids" and config.get(key) is not None:
             native[key] = config[key]
     return native
-
-
-def import_tensors(tensors: dict[str, Tensor], config: dict[str, Any]) -> dict[str, Tensor]:
-    """A drafter's tensors under this draft's names: the export map is a filter, so the
-    inverse is the identity."""
-    return dict(tensors)

@@ -1,5 +1,5 @@
 """DSpark's objective and metrics: functions of the backbone's block outputs, the draft's
-heads, the sequence and the target's logits; no module state.
+heads, the sequence and the target's head and final hidden states; no module state.
 
 Alignment: slot k (0..B-1) of the block anchored at a predicts x_{a+k+1}; its previous token
 (the Markov head's input) is x_{a+k}, the anchor for slot 0 (teacher forcing: what vLLM
@@ -25,6 +25,7 @@ from torch.utils.checkpoint import checkpoint
 from eagle_train.drafts.dflash.loss import BlockStats, _gather_positions, accuracy_metrics
 from eagle_train.drafts.dspark.config import DSparkConfig
 from eagle_train.drafts.dspark.model import DSparkDraft
+from eagle_train.drafts.vocab_loss import TargetHead, TargetRows
 
 # Transient fp32 logits per chunk of blocks (bytes): a few [chunk, B, V] tensors live at once.
 _CHUNK_BYTES = 256 * 2**20
@@ -63,32 +64,44 @@ def dspark_loss(
     draft: DSparkDraft,
     hidden: Tensor,
     input_ids: Tensor,
-    target_logits: Tensor,
+    target: TargetHead,
     anchors: Tensor,
     mask: Tensor,
     weights: Tensor,
     cfg: DSparkConfig,
     chunk_bytes: int = _CHUNK_BYTES,
 ) -> DSparkStats:
-    """``hidden`` (Bt, N, B, H) backbone outputs of every slot, ``target_logits`` (Bt, T, V),
-    ``mask`` (Bt, N, B) supervised slots, ``weights`` (B,) slot decay. Blocks go through the
-    heads in chunks recomputed in backward: one chunk's (.., V) tensors live at a time."""
+    """``hidden`` (Bt, N, B, H) backbone outputs of every slot, ``target`` the target's head
+    and final hidden states, ``mask`` (Bt, N, B) supervised slots, ``weights`` (B,) slot
+    decay. Blocks go through the heads in chunks recomputed in backward: one chunk's (.., V)
+    tensors live at a time, the target's logits of the chunk's slots among them (made from
+    its final hidden states: the target's [tokens, vocabulary] logits never exist)."""
     bt, n, block, _ = hidden.shape
     length = input_ids.shape[1]
     k = torch.arange(block, device=anchors.device)
     # Padding blocks may run past the end: clamp (their mask is 0).
     prev_pos = (anchors[..., None] + k).clamp(max=length - 1)  # (Bt, N, B)
+    rows = torch.arange(bt, device=anchors.device)[:, None, None].expand_as(prev_pos)
     w = weights.to(hidden.device)[None, None, :] * mask
     m = mask.float()
-    vocab = draft.vocab_size
-    chunk = max(1, chunk_bytes // (4 * 4 * bt * block * vocab))
-    terms = _ChunkTerms(draft, input_ids, target_logits, cfg)
+    # Blocks flattened (Bt * N, B, ...): a chunk of blocks is a run of the target's rows.
+    flat = [
+        x.reshape(bt * n, block, *x.shape[3:])
+        for x in (
+            hidden,
+            _gather_positions(input_ids, prev_pos),
+            _gather_positions(input_ids, (prev_pos + 1).clamp(max=length - 1)),
+            w,
+            m,
+        )
+    ]
+    chunk = max(1, chunk_bytes // (4 * 4 * block * draft.vocab_size))
+    terms = _ChunkTerms(draft, target.rows(rows.reshape(-1), prev_pos.reshape(-1)), cfg)
     dist_sum = hidden.new_zeros((), dtype=torch.float32)
     conf_sum = hidden.new_zeros((), dtype=torch.float32)
     parts: list[tuple[Tensor, ...]] = []
-    for n0 in range(0, n, chunk):
-        sl = slice(n0, n0 + chunk)
-        args = (hidden[:, sl], prev_pos[:, sl], w[:, sl], m[:, sl])
+    for start in range(0, bt * n, chunk):
+        args = (start, *(x[start : start + chunk] for x in flat))
         if torch.is_grad_enabled() and hidden.requires_grad:
             out = checkpoint(terms, *args, use_reentrant=False)
         else:
@@ -96,16 +109,16 @@ def dspark_loss(
         dist_sum = dist_sum + out[0]
         conf_sum = conf_sum + out[1]
         parts.append(tuple(t.detach() for t in out[2:]))
-    argmax, ce, tv, conf = (torch.cat([p[i] for p in parts], dim=1) for i in range(4))
+    argmax, target_argmax, ce, tv, conf = (
+        torch.cat([p[i] for p in parts]).view(bt, n, block) for i in range(5)
+    )
     conf_loss = conf_sum / m.sum().clamp(min=1.0)
     loss = dist_sum / w.sum().clamp(min=1e-6)
     if draft.confidence_head is not None and cfg.confidence_weight > 0:
         loss = loss + cfg.confidence_weight * conf_loss
-    target_argmax = target_logits.argmax(-1)
-    correct = argmax == _gather_positions(target_argmax, prev_pos)
     return DSparkStats(
         loss=loss,
-        correct=correct,
+        correct=argmax == target_argmax,
         mask=mask,
         ce=ce,
         tv=tv,
@@ -116,40 +129,34 @@ def dspark_loss(
 
 class _ChunkTerms:
     """A chunk's weighted sums (distribution terms, confidence BCE) and its per-slot draft
-    argmax, CE, TV and confidence (re-run by checkpoint in backward)."""
+    and target argmax, CE, TV and confidence (re-run by checkpoint in backward)."""
 
-    def __init__(
-        self, draft: DSparkDraft, input_ids: Tensor, target_logits: Tensor, cfg: DSparkConfig
-    ) -> None:
-        self.draft, self.input_ids, self.target_logits, self.cfg = (
-            draft,
-            input_ids,
-            target_logits,
-            cfg,
-        )
+    def __init__(self, draft: DSparkDraft, target: TargetRows, cfg: DSparkConfig) -> None:
+        self.draft, self.target, self.cfg = draft, target, cfg
 
     def __call__(
-        self, hidden: Tensor, prev_pos: Tensor, w: Tensor, m: Tensor
+        self, start: int, hidden: Tensor, prev: Tensor, labels: Tensor, w: Tensor, m: Tensor
     ) -> tuple[Tensor, ...]:
+        """Blocks start.. of the flattened blocks: ``hidden`` (C, B, H), the rest (C, B)."""
         cfg, draft = self.cfg, self.draft
-        length = self.input_ids.shape[1]
-        prev = _gather_positions(self.input_ids, prev_pos)
-        labels = _gather_positions(self.input_ids, (prev_pos + 1).clamp(max=length - 1))
-        target = _gather_positions(self.target_logits, prev_pos)
+        block = prev.shape[1]
+        with torch.no_grad():  # the target is frozen
+            target = self.target.logits(start * block, (start + prev.shape[0]) * block)
+        target = target.view(*prev.shape, -1)
         logits, embedding = draft.slot_logits(hidden, prev)
         ce, tv = vocab_terms(logits, target, labels, cfg.loss)
         dist = (w * (cfg.ce_weight * ce + cfg.tv_weight * tv)).sum()
-        argmax = logits.argmax(-1)
+        argmax, target_argmax = logits.argmax(-1), target.argmax(-1)
         if draft.confidence_head is None:
             zero = dist.new_zeros(())
-            return dist, zero, argmax, ce, tv, torch.zeros_like(tv)
+            return dist, zero, argmax, target_argmax, ce, tv, torch.zeros_like(tv)
         c = draft.confidence_logit(hidden.detach(), embedding.detach())
         if cfg.confidence_target == "tv":
             y = 1.0 - tv.detach()
         else:
-            y = (argmax == target.argmax(-1)).float()
+            y = (argmax == target_argmax).float()
         bce = F.binary_cross_entropy_with_logits(c, y.clamp(0.0, 1.0), reduction="none")
-        return dist, (m * bce).sum(), argmax, ce, tv, torch.sigmoid(c)
+        return dist, (m * bce).sum(), argmax, target_argmax, ce, tv, torch.sigmoid(c)
 
 
 def dspark_metrics(stats: DSparkStats) -> dict[str, float]:

