@@ -11,23 +11,33 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import torch
 from conftest import draft_vocab_sets
+from old_formats import write_feature_cache_format_1
 from realistic import assert_shapes_like_real_use, vocab_ids
+from safetensors import safe_open
 from transformers import AutoModelForCausalLM
 from typer.testing import CliRunner
 
 from eagle_train.cli import prepare_features_app, train_draft_app
 from eagle_train.config import load_config
+from eagle_train.data.config import PrepareDataConfig
 from eagle_train.data.loader import BatchLoader, PreparedData
+from eagle_train.data.prepare import prepare_data
 from eagle_train.features import prepare_features
 from eagle_train.metrics import read_metrics
 from eagle_train.run_config import RunConfig
 from eagle_train.target_model import FrozenTarget
-from eagle_train.target_model.cache import FeatureCache, FeatureCacheError, verify_cache
+from eagle_train.target_model.cache import (
+    CacheChain,
+    FeatureCache,
+    FeatureCacheError,
+    verify_cache,
+)
 from eagle_train.target_model.extract import ExtractSettings
 from eagle_train.target_model.source import CachedFeatures
 from eagle_train.target_model.weights import load_target_head
@@ -128,14 +138,20 @@ def test_cached_greedy_tokens_and_vocabulary_logits_are_transformers_own(
     # the target's greedy tokens hold ids above 32,767, where a 16-bit id would wrap
     assert_shapes_like_real_use(ref.argmax(-1)[clear], "transformers' greedy tokens")
 
-    # format 2 stores the greedy tokens; format 1 (copied, manifest rewritten) recomputes them
-    old = tmp_path / "v1"
-    shutil.copytree(cache / "train", old)
-    manifest = json.loads((old / "manifest.json").read_text())
-    (old / "manifest.json").write_text(json.dumps({**manifest, "format_version": 1}))
-    for split, stored in ((cache / "train", True), (old, False)):
-        got = CachedFeatures(FeatureCache(split), head, [1, 2, 3], torch.device("cpu"))
-        features = got.for_batch(batch)
+    # format 2 stores the greedy tokens; a format 1 cache, written as its own code wrote it
+    # (shards without them), is read as before: the greedy tokens recomputed from the logits
+    old = write_feature_cache_format_1(
+        FrozenTarget(model), path, few_llama_data, tmp_path / "v1" / "train", [1, 2, 3]
+    )
+    with safe_open(old / "shard-00000.safetensors", framework="pt") as shard:
+        assert "greedy" not in shard.keys()  # safe_open has no __contains__
+    new = FeatureCache(cache / "train")
+    # a mixture of a format 2 and a format 1 source: the second's rows, read through the chain
+    mixed = (CacheChain([new, FeatureCache(old)]), new.num_rows, False)
+    for split, shift, stored in ((new, 0, True), (FeatureCache(old), 0, False), mixed):
+        got = CachedFeatures(split, head, [1, 2, 3], torch.device("cpu"))
+        assert batch.rows is not None
+        features = got.for_batch(replace(batch, rows=batch.rows + shift))
         assert (features.stored_greedy is not None) == stored
         assert torch.equal(features.greedy[clear], ref.argmax(-1)[clear])
         torch.testing.assert_close(
@@ -182,24 +198,50 @@ def test_training_from_the_cache_gives_the_online_losses(
 def test_refuses_a_cache_for_another_target_layer_set_or_dataset(
     wide_world, few_llama_data, cache, tmp_path
 ):
+    other = tmp_path / "elsewhere"
+    another_dataset(wide_world, few_llama_data, other)
     base = run_sets(wide_world, few_llama_data, cache, tmp_path / "r")
     cases = {
         "target": ["--set", f"target.path={wide_world / 'targets' / 'llama' / 'fp32'}"],
         "layer set": ["--set", "draft.aux_layer_ids=[0, 2, 3]"],
-        "dataset": ["--set", f"data.train={few_llama_data.parent / 'elsewhere'}"],
+        "dataset": ["--set", f"data.train={other}"],
     }
-    other = few_llama_data.parent / "elsewhere"
-    if not other.exists():
-        import shutil
-
-        shutil.copytree(few_llama_data, other)
-        meta = json.loads((other / "meta.json").read_text())
-        meta["counts"]["note"] = "another dataset"
-        (other / "meta.json").write_text(json.dumps(meta))
     for what, extra in cases.items():
         result = CliRunner().invoke(train_draft_app, base + extra)
         assert result.exit_code == 2, result.output
         assert what in result.output and "made for something else" in result.output
+
+
+def another_dataset(world: Path, data: Path, out: Path) -> None:
+    """prepare-data, as a user runs it, on ``data``'s chats with one answer's words in another
+    order: the same tokens and counts, other rows. Its meta.json is then ``data``'s own (they
+    differed only in the chats file's path and the time), so the rows alone tell them apart."""
+    chats = [json.loads(line) for line in (data.parent / f"{data.name}-chats.jsonl").open()]
+    answer = next(m for m in chats[0]["messages"] if m["role"] == "assistant")
+    words = answer["content"].split(" ")
+    assert len(set(words)) > 1
+    answer["content"] = " ".join(words[1:] + words[:1])
+    edited = out.parent / "edited-chats.jsonl"
+    edited.write_text("".join(json.dumps(chat) + "\n" for chat in chats))
+    prepare_data(
+        load_config(
+            PrepareDataConfig,
+            None,
+            [
+                f"inputs=[{edited}]",
+                f"output_dir={out}",
+                "max_length=256",
+                "regenerate.enabled=false",
+            ]
+            + [f"tokenizer={world / 'targets' / 'llama' / 'bf16'}"],
+        )
+    )
+    ours, theirs = (json.loads((d / "meta.json").read_text()) for d in (data, out))
+    differ = {k for k in ours if ours[k] != theirs[k]}
+    assert differ <= {"sources", "created"} and ours["counts"] == theirs["counts"]
+    shutil.copyfile(data / "meta.json", out / "meta.json")
+    assert PreparedData(out).rows["input_ids"][0] != PreparedData(data).rows["input_ids"][0]
+    assert PreparedData(out).rows["input_ids"][1:] == PreparedData(data).rows["input_ids"][1:]
 
 
 def test_an_incomplete_cache_is_refused(wide_world, few_llama_data, cache, tmp_path):
