@@ -10,9 +10,15 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 TINY_WORLD_CONFIG = REPO / "configs" / "demo" / "tiny.yaml"
-# The tests' draft vocabulary on the tiny world (half its 512-token target vocabulary; the
-# demo train configs' 1024 is half the default world's 2048).
+# The tests' draft vocabulary on the tiny worlds (half the 512 tokens their tokenizer
+# produces; the demo train configs' 1024 is half the default world's 2048).
 TINY_DRAFT_VOCAB = 256
+# The wide world: the tiny world with 32,512 ids its tokenizer never produces below its
+# learned pieces, a 33,024-id vocabulary whose common tokens sit above 32,767 as a real
+# target's do (a 16-bit id would wrap). The tests whose bugs live in ids run on it; those
+# that train a full-vocabulary draft to a floor stay on the 512-id tiny world (each step's
+# loss there is 64x cheaper; docs/results/2026-12-07-tests-world-33k.md).
+WIDE_WORLD_SETS = ["reserved_ids=32512"]
 
 # vLLM on CPU: in-process engine, no hub, caches out of the home directory.
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
@@ -82,17 +88,38 @@ def tiny_world(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return world_copy(TINY_WORLD_CONFIG, tmp_path_factory.mktemp("world") / "tiny")
 
 
+@pytest.fixture(scope="session")
+def wide_world(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny world at 33,024 ids (``WIDE_WORLD_SETS``), built and copied as tiny_world is."""
+    from world_cache import world_copy
+
+    out = tmp_path_factory.mktemp("world") / "wide"
+    return world_copy(TINY_WORLD_CONFIG, out, WIDE_WORLD_SETS)
+
+
 def prepare_tiny_data(
-    world: Path, family: str, split: str, out: Path, regenerate: bool, max_new_tokens: int = 48
+    world: Path,
+    family: str,
+    split: str,
+    out: Path,
+    regenerate: bool,
+    max_new_tokens: int = 48,
+    num_chats: int | None = None,
 ) -> Path:
-    """prepare-data on the tiny world's chats for one target, as a user would run it."""
+    """prepare-data on the tiny world's chats for one target, as a user would run it
+    (``num_chats``: its first that many chats only)."""
     from eagle_train.config import load_config
     from eagle_train.data.config import PrepareDataConfig
     from eagle_train.data.prepare import prepare_data
 
     target = world / "targets" / family / "bf16"
+    chats = world / "data" / f"{split}.jsonl"
+    if num_chats is not None:
+        first = chats.read_text().splitlines(keepends=True)[:num_chats]
+        chats = out.parent / f"{out.name}-chats.jsonl"
+        chats.write_text("".join(first))
     overrides = [
-        f"inputs=[{world / 'data' / f'{split}.jsonl'}]",
+        f"inputs=[{chats}]",
         f"output_dir={out}",
         f"tokenizer={target}",
         "max_length=256",
@@ -119,3 +146,17 @@ def tiny_llama_data(tiny_world: Path, tmp_path_factory: pytest.TempPathFactory) 
     """Training rows for the tiny Llama target, original (not regenerated) answers."""
     out = tmp_path_factory.mktemp("data") / "llama-train"
     return prepare_tiny_data(tiny_world, "llama", "train", out, regenerate=False)
+
+
+# Chats of the wide world's training set: the tests that extract a feature cache run the
+# target's whole head (33,024 rows) on every token for its greedy tokens, so they keep to a
+# few shards' worth of rows (83: no batch or block size divides it).
+FEW_CHATS = 83
+
+
+@pytest.fixture(scope="session")
+def few_llama_data(wide_world: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The first ``FEW_CHATS`` training chats prepared for the wide world's Llama target
+    (original answers): the data of the tests that build a feature cache."""
+    out = tmp_path_factory.mktemp("data") / f"wide-llama-train-{FEW_CHATS}"
+    return prepare_tiny_data(wide_world, "llama", "train", out, False, num_chats=FEW_CHATS)

@@ -2,8 +2,8 @@
 bug: a wrong line that happens to agree on 1.0, on a multiple of the block size, on two lists
 of the same length or on ids that fit 16 bits gets data on which it does not agree.
 
-- ids: the tiny world's vocabulary is 33,024 ids and its common tokens sit above 32,767
-  (``configs/demo/tiny.yaml``: ``reserved_ids``), as a real target's do; ``HIGH_ID`` is the
+- ids: the wide world's vocabulary (``wide_world`` in tests/conftest.py: ``reserved_ids``) is
+  33,024 ids and its common tokens sit above 32,767, as a real target's do; ``HIGH_ID`` is the
   first id a 16-bit integer cannot hold.
 - lengths: none a multiple of 2, 4, 8, 16 or 32 (a block, a page, a granule), none dividing
   another.
@@ -13,7 +13,9 @@ of the same length or on ids that fit 16 bits gets data on which it does not agr
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable
+from pathlib import Path
 
 import torch
 
@@ -62,3 +64,43 @@ def assert_shapes_like_real_use(ids: torch.Tensor | Iterable[int], what: str) ->
     assert 0 < above < tensor.numel(), (
         f"{what}: {above} of {tensor.numel()} ids above 32,767 (a fixture needs both kinds)"
     )
+
+
+def vocab_size(target: Path | str) -> int:
+    """The vocabulary size a target directory's config.json records (33,024 for the wide
+    world's targets): what a test sizes a vocabulary by, never a number of its own."""
+    return int(json.loads((Path(target) / "config.json").read_text())["vocab_size"])
+
+
+def produced_ids(tokenizer_dir: Path | str) -> torch.Tensor:
+    """The ids the tokenizer in ``tokenizer_dir`` (its tokenizer.json) can produce, sorted:
+    every id but its reserved pieces (``<|reserved_K|>``, eagle_train/demo/tokenizer.py),
+    which no text and no trained target ever yields."""
+    spec = json.loads((Path(tokenizer_dir) / "tokenizer.json").read_text())
+    ids = [i for piece, i in spec["model"]["vocab"].items() if not piece.startswith("<|reserved_")]
+    ids += [t["id"] for t in spec.get("added_tokens", [])]
+    return torch.tensor(sorted(set(ids)))
+
+
+def vocab_ids(tokenizer_dir: Path | str, n: int, seed: int) -> torch.Tensor:
+    """``n`` sorted ids drawn (seeded) from those the tokenizer produces, as a draft
+    vocabulary or a prompt would hold them; on the wide world, ids on both sides of 32,767."""
+    produced = produced_ids(tokenizer_dir)
+    pick = torch.randperm(len(produced), generator=torch.Generator().manual_seed(seed))[:n]
+    ids = torch.sort(produced[pick]).values
+    assert_shapes_like_real_use(ids, f"{n} ids of {tokenizer_dir}")
+    return ids
+
+
+def random_ids(
+    tokenizer_dir: Path | str,
+    shape: tuple[int, ...],
+    skip: int = 0,
+    generator: torch.Generator | None = None,
+) -> torch.Tensor:
+    """Token ids of ``shape`` drawn uniformly from those the tokenizer produces, past its
+    first ``skip`` (its special tokens come first): the ids a random prompt would hold. On
+    the wide world about half sit above 32,767; a draw from ``range(vocab_size)`` would be
+    almost all reserved ids, which no text holds and no target was trained on."""
+    produced = produced_ids(tokenizer_dir)[skip:]
+    return produced[torch.randint(len(produced), shape, generator=generator)]

@@ -13,6 +13,7 @@ import transformers as T
 from transformers import AutoModelForCausalLM, AutoModelForImageTextToText, PretrainedConfig
 
 VOCAB = 512  # the tiny demo world's tokenizer
+WIDE_VOCAB = 33_024  # the wide world's (tests/conftest.py: 32,512 reserved ids below its pieces)
 LAYERS, HIDDEN, HEADS, KV_HEADS, HEAD_DIM = 4, 64, 2, 1, 32  # head_dim 32: vLLM CPU kernels
 _COMMON = dict(
     vocab_size=VOCAB,
@@ -41,8 +42,8 @@ _YARN = {
 }
 
 
-def family_config(family: str) -> PretrainedConfig:
-    c = _COMMON
+def family_config(family: str, vocab: int = VOCAB) -> PretrainedConfig:
+    c = {**_COMMON, "vocab_size": vocab}
     if family == "llama":
         return T.LlamaConfig(**c, head_dim=HEAD_DIM)
     if family == "mistral":
@@ -100,9 +101,12 @@ EXPECTED: dict[str, dict[str, Any]] = {
 FAMILIES = sorted(EXPECTED)
 
 
-def build_family_target(family: str, out: Path, tokenizer_dir: Path | None, seed: int = 0) -> Path:
-    """save_pretrained a random-init fp32 target of ``family`` (with the tokenizer)."""
-    config = family_config(family)
+def build_family_target(
+    family: str, out: Path, tokenizer_dir: Path | None, seed: int = 0, vocab: int = VOCAB
+) -> Path:
+    """save_pretrained a random-init fp32 target of ``family`` (with the tokenizer), its
+    vocabulary ``vocab`` ids."""
+    config = family_config(family, vocab)
     auto = AutoModelForImageTextToText if family == "qwen2_5_vl" else AutoModelForCausalLM
     torch.manual_seed(seed)
     model = auto.from_config(config).float()

@@ -18,8 +18,8 @@ from eagle_train.cli import train_draft_app
 
 
 def test_a_shard_with_a_bad_header_and_a_matching_manifest_is_one_line(
-    tiny_world: Path,
-    tiny_llama_data: Path,
+    wide_world: Path,
+    few_llama_data: Path,
     cache: Path,  # noqa: F811
     tmp_path: Path,
 ):
@@ -35,7 +35,7 @@ def test_a_shard_with_a_bad_header_and_a_matching_manifest_is_one_line(
         manifest["files"][index]["sha256"] = hashlib.sha256(data).hexdigest()
     manifest_path.write_text(json.dumps(manifest))
     before = snapshot(copy)
-    args = feature_sets(tiny_world, tiny_llama_data, copy, tmp_path / "run")
+    args = feature_sets(wide_world, few_llama_data, copy, tmp_path / "run")
     result = CliRunner().invoke(train_draft_app, args)
     one_line_error(result, "not a readable safetensors file")
     named = result.output.split("error: ")[1].split(":")[0]

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from realistic import random_ids
 
 from eagle_train.data.loader import Batch
 from eagle_train.drafts.cycles import cycle_counts, cycle_metrics, finish_cycle_metrics
@@ -86,19 +87,19 @@ def greedy_rows(target: FrozenTarget, prompts: torch.Tensor, new: int) -> torch.
     return ids
 
 
-def test_trained_drafter_validation_figure_is_the_offline_replay(tiny_world: Path) -> None:
+def test_trained_drafter_validation_figure_is_the_offline_replay(wide_world: Path) -> None:
     """On the target's own greedy answers, a trained tiny drafter's cycle_accept_len (from
     compute_loss, pooled as validation pools batches) equals estimate_acceptance's replay of
     the same rows, which runs the target and ``propose`` again."""
     target = FrozenTarget.from_pretrained(
-        tiny_world / "targets" / "llama" / "fp32", dtype=torch.float32
+        wide_world / "targets" / "llama" / "fp32", dtype=torch.float32
     )
     spec, cfg = get_draft("eagle3"), Eagle3Config(aux_layer_ids=[1, 2, 3], ttt_steps=K)
     torch.manual_seed(0)
     draft = spec.build(cfg, target, None)
     layer_ids = spec.target_layer_ids(cfg, target.description)
     prompt_len = [6, 8, 7, 6]  # answers start after the random prefix: all greedy
-    ids = greedy_rows(target, torch.randint(3, target.config.vocab_size, (4, 6)), 30)
+    ids = greedy_rows(target, random_ids(target.model.name_or_path, (4, 6), skip=3), 30)
     lengths = torch.tensor([36, 30, 33, 25])
     mask = torch.zeros_like(ids)
     for b, (p, n) in enumerate(zip(prompt_len, lengths.tolist(), strict=True)):

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 from data_fixtures import build_tokenizer, chat, write_jsonl
+from old_formats import as_dataset_before_token_counts
 
 from eagle_train.config import ConfigError, load_config
 from eagle_train.data import (
@@ -18,7 +19,6 @@ from eagle_train.data import (
     TokenCounter,
     build_vocab_mapping,
     load_prepared,
-    load_token_counts,
     load_vocab_mapping,
     prepare_data,
     save_token_counts,
@@ -166,22 +166,14 @@ def test_the_trainer_reads_the_counts_instead_of_recounting(tmp_path):
 
 
 def test_older_datasets_without_the_counts_still_train(tmp_path):
-    data, vocab_size = _prepared(tmp_path)
-    expected = _reference_ids(data, vocab_size, 9)
-    cfg = _run_config(data, "draft.draft_vocab_size=9")
-    counts = load_token_counts(data / "token_counts.safetensors")
-    meta = json.loads((data / "meta.json").read_text())
-    del meta["files"]["token_counts.safetensors"], meta["token_counts"]
-    # A dataset from before the counts, with the draft vocabulary of another size that
-    # prepare-data used to build: the trainer builds the configured size from its counts.
-    (data / "token_counts.safetensors").unlink()
-    save_vocab_mapping(build_vocab_mapping(counts, 3), data / "vocab.safetensors")
-    meta["files"]["vocab.safetensors"] = (data / "vocab.safetensors").stat().st_size
-    (data / "meta.json").write_text(json.dumps(meta))
-    assert draft_vocab(cfg, PreparedData(data), vocab_size).draft_ids.tolist() == expected
-    # Neither file: the trainer counts the rows itself.
-    (data / "vocab.safetensors").unlink()
-    del meta["files"]["vocab.safetensors"]
-    (data / "meta.json").write_text(json.dumps(meta))
-    assert PreparedData(data).token_counts is None
-    assert draft_vocab(cfg, PreparedData(data), vocab_size).draft_ids.tolist() == expected
+    # Datasets as prepare-data wrote them before the counts (tests/old_formats.py): with the
+    # draft vocabulary of another size it built then, the trainer builds the configured size
+    # from the counts that file holds; with neither file, it counts the rows itself.
+    for vocab_then in (3, None):
+        data, vocab_size = _prepared(tmp_path / str(vocab_then))
+        cfg = _run_config(data, "draft.draft_vocab_size=9")
+        expected = _reference_ids(data, vocab_size, 9)
+        as_dataset_before_token_counts(data, vocab_then)
+        assert "token_counts" not in json.loads((data / "meta.json").read_text())
+        assert (PreparedData(data).token_counts is None) == (vocab_then is None)
+        assert draft_vocab(cfg, PreparedData(data), vocab_size).draft_ids.tolist() == expected

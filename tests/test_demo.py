@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from realistic import HIGH_ID, assert_shapes_like_real_use, high_ids, vocab_size
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from eagle_train.config import load_config
@@ -65,6 +66,24 @@ def test_targets_round_trip_from_pretrained(tiny_world: Path, family: str) -> No
     tok = AutoTokenizer.from_pretrained(target_dir(tiny_world, family, "fp32"))
     assert fp32.config.vocab_size == len(tok)
     assert fp32.generation_config.eos_token_id == tok.eos_token_id
+
+
+def test_the_wide_world_holds_ids_a_16_bit_integer_cannot(wide_world: Path) -> None:
+    """The world the id tests run on is shaped like a real target: a vocabulary past 32,767
+    ids, its chats' tokens and its target's greedy tokens on both sides of it (a token id
+    stored in 16 bits would wrap on real rows, so it must wrap here too)."""
+    path = target_dir(wide_world, "llama", "fp32")
+    assert vocab_size(path) > HIGH_ID
+    tok = AutoTokenizer.from_pretrained(path)
+    chats = read_jsonl(wide_world / "data" / "val.jsonl")[:7]
+    ids = [tok.apply_chat_template(c["messages"], tokenize=True, return_dict=False) for c in chats]
+    flat = [i for row in ids for i in row]
+    assert_shapes_like_real_use(flat, "the val chats' tokens")
+    assert high_ids(flat) > len(flat) / 4  # the common tokens, not a stray one
+    model = AutoModelForCausalLM.from_pretrained(path)
+    with torch.no_grad():
+        greedy = model(torch.tensor([ids[0]])).logits.argmax(-1)
+    assert_shapes_like_real_use(greedy, "the target's greedy tokens")
 
 
 def test_pretraining_lowers_the_loss(tiny_world: Path) -> None:

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
+from realistic import random_ids
 
 from eagle_train.data.loader import Batch
 from eagle_train.drafts.eagle1.config import Eagle1Config
@@ -18,8 +19,8 @@ SPEC = get_draft("eagle1")
 
 
 @pytest.fixture(scope="module", params=["llama", "qwen3"])
-def target(request: pytest.FixtureRequest, tiny_world: Path) -> FrozenTarget:
-    path = tiny_world / "targets" / request.param / "fp32"
+def target(request: pytest.FixtureRequest, wide_world: Path) -> FrozenTarget:
+    path = wide_world / "targets" / request.param / "fp32"
     return FrozenTarget.from_pretrained(path, dtype=torch.float32)
 
 
@@ -29,9 +30,11 @@ def build(target: FrozenTarget, **kwargs):
     return cfg, SPEC.build(cfg, target, None)
 
 
-def make_batch(vocab: int) -> Batch:
+def make_batch(target: FrozenTarget) -> Batch:
+    """Two rows of ids the target's tokenizer produces (past its first four special ones;
+    none of its reserved ids, which no text holds), 24 and 17 long."""
     torch.manual_seed(1)
-    ids = torch.randint(4, vocab, (2, 24))
+    ids = random_ids(target.model.name_or_path, (2, 24), skip=4)
     lengths = torch.tensor([24, 17])
     attention = (torch.arange(24)[None] < lengths[:, None]).long()
     loss_mask = attention.clone()
@@ -41,13 +44,13 @@ def make_batch(vocab: int) -> Batch:
 
 def test_shapes_and_frozen_target_parts(target: FrozenTarget) -> None:
     cfg, draft = build(target, num_layers=2)
-    h, v = target.config.hidden_size, target.config.vocab_size
+    h = target.config.hidden_size
     assert draft.fc.weight.shape == (h, 2 * h)
     assert draft.layers[0].input_layernorm is None and draft.layers[1].input_layernorm is not None
     trainable = {n for n, p in draft.named_parameters() if p.requires_grad}
     assert not any(n.startswith(("embed_tokens", "lm_head")) for n in trainable)
     assert torch.equal(draft.lm_head.weight, target.lm_head().weight)
-    batch = make_batch(v)
+    batch = make_batch(target)
     feats = target.features(batch.input_ids, batch.attention_mask, [])
     assert feats.aux.shape == (2, 24, 0)
     preds = draft(feats.final, batch.input_ids, 3)
@@ -57,7 +60,7 @@ def test_shapes_and_frozen_target_parts(target: FrozenTarget) -> None:
 
 def test_loss_pieces_match_a_direct_computation(target: FrozenTarget) -> None:
     cfg, draft = build(target, feature_noise=0.5)
-    batch = make_batch(target.config.vocab_size)
+    batch = make_batch(target)
     feats = target.features(batch.input_ids, batch.attention_mask, [])
     draft.eval()  # no noise: the loss is a function of the weights
     result = SPEC.compute_loss(draft, feats, batch, cfg)

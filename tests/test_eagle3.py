@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
+from realistic import random_ids
 
 from eagle_train.data.loader import Batch
 from eagle_train.drafts.eagle3.config import Eagle3Config
@@ -21,8 +22,8 @@ SPEC = get_draft("eagle3")
 
 
 @pytest.fixture(scope="module", params=["llama", "qwen3"])
-def target(request: pytest.FixtureRequest, tiny_world: Path) -> FrozenTarget:
-    path = tiny_world / "targets" / request.param / "fp32"
+def target(request: pytest.FixtureRequest, wide_world: Path) -> FrozenTarget:
+    path = wide_world / "targets" / request.param / "fp32"
     return FrozenTarget.from_pretrained(path, dtype=torch.float32)
 
 
@@ -182,7 +183,7 @@ def test_colliding_default_layer_ids_are_a_clear_error(target: FrozenTarget) -> 
 
 def test_compute_loss_backpropagates_to_draft_only(target: FrozenTarget) -> None:
     cfg, draft = build(target)
-    ids = torch.randint(3, target.config.vocab_size, (2, 12))
+    ids = random_ids(target.model.name_or_path, (2, 12), skip=3)
     batch = Batch(ids, torch.ones_like(ids), torch.ones_like(ids), torch.tensor([12, 9]))
     features = target.features(ids, None, SPEC.target_layer_ids(cfg, target.description))
     result = SPEC.compute_loss(draft, features, batch, cfg)
@@ -214,7 +215,7 @@ def test_compute_loss_on_supervised_slots_equals_the_full_logits_reference(
     )
     torch.manual_seed(0)
     draft = SPEC.build(cfg, target, vocab)
-    ids = torch.randint(3, target.config.vocab_size, (2, 14))
+    ids = random_ids(target.model.name_or_path, (2, 14), skip=3)
     mask = torch.zeros_like(ids)
     mask[0, 5:] = 1  # a 5-token prompt, then the answer
     mask[1, 3:10] = 1  # answer to 10, then 4 tokens of padding

@@ -71,14 +71,14 @@ def llama(world: Path) -> Path:
 
 
 @pytest.mark.parametrize("name", sorted(GOLDEN))
-def test_each_layout_is_read_as_vllm_serves_it(name: str, tiny_world: Path, tmp_path: Path) -> None:
+def test_each_layout_is_read_as_vllm_serves_it(name: str, wide_world: Path, tmp_path: Path) -> None:
     path, layout, algorithm, serving = GOLDEN[name]
     found = read_layout(path)
     assert (found.layout, found.spec.name) == (layout, algorithm)
     if name == "safeailab-eagle3":  # servable next to the 4-layer target once it names
         path = with_aux_ids(foreign_copy(name, tmp_path))  # its aux layers (test below)
     info = inspect_drafter(
-        path, load_target_description(llama(tiny_world)), K_GIVEN.get(name), llama(tiny_world)
+        path, load_target_description(llama(wide_world)), K_GIVEN.get(name), llama(wide_world)
     )
     assert info.speculative_config() == {**serving, "model": str(path)}
     assert info.source["target_check"] == "matches"
@@ -137,7 +137,7 @@ def with_aux_ids(path: Path) -> Path:
     return path
 
 
-def test_fc_bias_of_an_unconverted_eagle1_is_refused(tiny_world: Path, tmp_path: Path) -> None:
+def test_fc_bias_of_an_unconverted_eagle1_is_refused(wide_world: Path, tmp_path: Path) -> None:
     """vLLM's EAGLE-1 drafter has no fc bias: a SafeAILab checkpoint trained with one fails
     in vLLM's loader, so the check names it before any engine starts."""
     path = foreign_copy("safeailab-eagle1", tmp_path)
@@ -145,16 +145,16 @@ def test_fc_bias_of_an_unconverted_eagle1_is_refused(tiny_world: Path, tmp_path:
     state["fc.bias"] = torch.randn(64)
     torch.save(state, path / "pytorch_model.bin")
     with pytest.raises(DrafterError, match="unexpected tensor fc.bias"):
-        inspect_drafter(path, load_target_description(llama(tiny_world)), 2)
+        inspect_drafter(path, load_target_description(llama(wide_world)), 2)
 
 
-def test_eagle3_without_aux_layer_ids_on_a_shallow_target(tiny_world: Path, tmp_path: Path) -> None:
+def test_eagle3_without_aux_layer_ids_on_a_shallow_target(wide_world: Path, tmp_path: Path) -> None:
     """SafeAILab's EAGLE-3 names no aux layers: vLLM feeds it the target's default layers
     (2, L//2, L-3), on the 4-layer tiny target (2, 2, 1), 2 distinct, while its fc reads 3
     (vLLM failed at the first request: "shape '[-1, 192]' is invalid"). Refused before any
     engine starts; naming the layers in config.json makes it servable."""
     path = foreign_copy("safeailab-eagle3", tmp_path)
-    desc = load_target_description(llama(tiny_world))
+    desc = load_target_description(llama(wide_world))
     with pytest.raises(DrafterError, match=r"\[2, 2, 1\], 2 distinct, but the drafter's fc"):
         inspect_drafter(path, desc, 2)
     config = json.loads((path / "config.json").read_text())
@@ -163,10 +163,10 @@ def test_eagle3_without_aux_layer_ids_on_a_shallow_target(tiny_world: Path, tmp_
     assert inspect_drafter(path, desc, 2).method == "eagle3"
 
 
-def test_drafter_for_another_target_is_refused_or_overridden(tiny_world: Path) -> None:
+def test_drafter_for_another_target_is_refused_or_overridden(wide_world: Path) -> None:
     """The qwen3 tiny target has the same vocabulary and sizes as the llama one the
     speculators drafter names: refused in one line, measured with allow_other_target."""
-    qwen3 = tiny_world / "targets" / "qwen3" / "bf16"
+    qwen3 = wide_world / "targets" / "qwen3" / "bf16"
     desc = load_target_description(qwen3)
     path = GOLDEN["speculators-eagle3"][0]
     with pytest.raises(DrafterError) as refused:
@@ -178,28 +178,28 @@ def test_drafter_for_another_target_is_refused_or_overridden(tiny_world: Path) -
     assert info.source["target_check"].startswith("overridden: made for")
 
 
-def test_named_verifier_directory_is_compared(tiny_world: Path, tmp_path: Path) -> None:
+def test_named_verifier_directory_is_compared(wide_world: Path, tmp_path: Path) -> None:
     """A verifier named by a local directory whose config differs from --target's."""
     path = foreign_copy("speculators-peagle", tmp_path)
     config = json.loads((path / "config.json").read_text())
     other = tmp_path / "other-llama"
-    shutil.copytree(llama(tiny_world), other)
+    shutil.copytree(llama(wide_world), other)
     changed = json.loads((other / "config.json").read_text())
     changed["rope_theta"] = 5e5
     (other / "config.json").write_text(json.dumps(changed))
     config["speculators_config"]["verifier"]["name_or_path"] = str(other)
     (path / "config.json").write_text(json.dumps(config))
-    desc = load_target_description(llama(tiny_world))
+    desc = load_target_description(llama(wide_world))
     with pytest.raises(DrafterError, match="config.json differs from the target's"):
-        inspect_drafter(path, desc, None, llama(tiny_world))
-    (other / "config.json").write_text((llama(tiny_world) / "config.json").read_text())
-    assert inspect_drafter(path, desc, None, llama(tiny_world)).source["target_check"] == (
+        inspect_drafter(path, desc, None, llama(wide_world))
+    (other / "config.json").write_text((llama(wide_world) / "config.json").read_text())
+    assert inspect_drafter(path, desc, None, llama(wide_world)).source["target_check"] == (
         "matches"
     )
 
 
-def test_engine_choice(tiny_world: Path) -> None:
-    target = llama(tiny_world)
+def test_engine_choice(wide_world: Path) -> None:
+    target = llama(wide_world)
     config = json.loads((target / "config.json").read_text())
     choice = choose_engine(
         target_dir=target,

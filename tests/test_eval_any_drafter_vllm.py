@@ -43,11 +43,11 @@ def digest(folder: Path) -> dict[str, str]:
     }
 
 
-def test_every_layout_measured_beside_our_export(tiny_world: Path, tmp_path: Path) -> None:
+def test_every_layout_measured_beside_our_export(wide_world: Path, tmp_path: Path) -> None:
     from test_eval_drafter import export_random
 
-    target = tiny_world / "targets" / "llama" / "fp32"
-    ours = export_random(tiny_world, "llama", tmp_path / "ours")
+    target = wide_world / "targets" / "llama" / "fp32"
+    ours = export_random(wide_world, "llama", tmp_path / "ours")
     card = ours / "README.md"
     card.write_text(card.read_text() + "\n## My notes\n\nkept as written\n")
     drafters = [ours]

@@ -11,22 +11,33 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import torch
 from conftest import draft_vocab_sets
+from old_formats import write_feature_cache_format_1
+from realistic import assert_shapes_like_real_use, vocab_ids
+from safetensors import safe_open
 from transformers import AutoModelForCausalLM
 from typer.testing import CliRunner
 
 from eagle_train.cli import prepare_features_app, train_draft_app
 from eagle_train.config import load_config
+from eagle_train.data.config import PrepareDataConfig
 from eagle_train.data.loader import BatchLoader, PreparedData
+from eagle_train.data.prepare import prepare_data
 from eagle_train.features import prepare_features
 from eagle_train.metrics import read_metrics
 from eagle_train.run_config import RunConfig
 from eagle_train.target_model import FrozenTarget
-from eagle_train.target_model.cache import FeatureCache, FeatureCacheError, verify_cache
+from eagle_train.target_model.cache import (
+    CacheChain,
+    FeatureCache,
+    FeatureCacheError,
+    verify_cache,
+)
 from eagle_train.target_model.extract import ExtractSettings
 from eagle_train.target_model.source import CachedFeatures
 from eagle_train.target_model.weights import load_target_head
@@ -69,17 +80,17 @@ def config(args: list[str]) -> RunConfig:
 
 
 @pytest.fixture(scope="module")
-def cache(tiny_world: Path, tiny_llama_data: Path, tmp_path_factory) -> Path:
+def cache(wide_world: Path, few_llama_data: Path, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("features") / "llama"
-    args = run_sets(tiny_world, tiny_llama_data, out, out / "unused", val=tiny_llama_data)
+    args = run_sets(wide_world, few_llama_data, out, out / "unused", val=few_llama_data)
     # small shards: several of them, rows split across shard boundaries are read back whole
     result = CliRunner().invoke(prepare_features_app, [*args, "--shard-mib", "1"])
     assert result.exit_code == 0, result.output
     return out
 
 
-def test_cached_rows_equal_the_targets_own_features(tiny_world, tiny_llama_data, cache):
-    cfg = config(run_sets(tiny_world, tiny_llama_data, cache, cache / "unused"))
+def test_cached_rows_equal_the_targets_own_features(wide_world, few_llama_data, cache):
+    cfg = config(run_sets(wide_world, few_llama_data, cache, cache / "unused"))
     whole = FrozenTarget.from_pretrained(cfg.target.path)
     manifest = json.loads((cache / "train" / "manifest.json").read_text())
     assert len(manifest["files"]) > 1 and manifest["layer_ids"] == [1, 2, 3]
@@ -90,7 +101,7 @@ def test_cached_rows_equal_the_targets_own_features(tiny_world, tiny_llama_data,
     source = CachedFeatures(
         FeatureCache(cache / "train"), head.lm_head(), [3, 1], torch.device("cpu")
     )
-    data = PreparedData(tiny_llama_data)
+    data = PreparedData(few_llama_data)
     loader = BatchLoader(data, 3, seed=1, pad_id=0, max_length=96)
     last_row = len(data) - 1
     batches = [loader.next() for _ in range(3)] + [loader.collate([last_row, 0])]
@@ -107,15 +118,15 @@ def test_cached_rows_equal_the_targets_own_features(tiny_world, tiny_llama_data,
 
 
 def test_cached_greedy_tokens_and_vocabulary_logits_are_transformers_own(
-    tiny_world, tiny_llama_data, cache, tmp_path
+    wide_world, few_llama_data, cache, tmp_path
 ):
     # The reference is transformers' own forward of the target (not FrozenTarget): the argmax
     # greedy verification accepts, and the logits of the rows a draft vocabulary asks for.
-    path = tiny_world / "targets" / "llama" / "bf16"
+    path = wide_world / "targets" / "llama" / "bf16"
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16).eval()
     head = load_target_head(path, torch.bfloat16, torch.device("cpu")).lm_head()
-    ids = torch.tensor([5, 0, 17, 3, 40])
-    data = PreparedData(tiny_llama_data)
+    ids = vocab_ids(path, 7, seed=3)  # a draft vocabulary's rows, both sides of 32,767
+    data = PreparedData(few_llama_data)
     batch = BatchLoader(data, 3, seed=2, pad_id=0, max_length=96).next()
     real = batch.attention_mask.bool()
     with torch.no_grad():
@@ -124,15 +135,23 @@ def test_cached_greedy_tokens_and_vocabulary_logits_are_transformers_own(
     top2 = ref.topk(2, dim=-1).values
     clear = real & (top2[..., 0] - top2[..., 1] > 0.05)  # no near-tie bf16 batching can flip
     assert clear.sum() > 0.8 * real.sum()
+    # the target's greedy tokens hold ids above 32,767, where a 16-bit id would wrap
+    assert_shapes_like_real_use(ref.argmax(-1)[clear], "transformers' greedy tokens")
 
-    # format 2 stores the greedy tokens; format 1 (copied, manifest rewritten) recomputes them
-    old = tmp_path / "v1"
-    shutil.copytree(cache / "train", old)
-    manifest = json.loads((old / "manifest.json").read_text())
-    (old / "manifest.json").write_text(json.dumps({**manifest, "format_version": 1}))
-    for split, stored in ((cache / "train", True), (old, False)):
-        got = CachedFeatures(FeatureCache(split), head, [1, 2, 3], torch.device("cpu"))
-        features = got.for_batch(batch)
+    # format 2 stores the greedy tokens; a format 1 cache, written as its own code wrote it
+    # (shards without them), is read as before: the greedy tokens recomputed from the logits
+    old = write_feature_cache_format_1(
+        FrozenTarget(model), path, few_llama_data, tmp_path / "v1" / "train", [1, 2, 3]
+    )
+    with safe_open(old / "shard-00000.safetensors", framework="pt") as shard:
+        assert "greedy" not in shard.keys()  # safe_open has no __contains__
+    new = FeatureCache(cache / "train")
+    # a mixture of a format 2 and a format 1 source: the second's rows, read through the chain
+    mixed = (CacheChain([new, FeatureCache(old)]), new.num_rows, False)
+    for split, shift, stored in ((new, 0, True), (FeatureCache(old), 0, False), mixed):
+        got = CachedFeatures(split, head, [1, 2, 3], torch.device("cpu"))
+        assert batch.rows is not None
+        features = got.for_batch(replace(batch, rows=batch.rows + shift))
         assert (features.stored_greedy is not None) == stored
         assert torch.equal(features.greedy[clear], ref.argmax(-1)[clear])
         torch.testing.assert_close(
@@ -142,8 +161,8 @@ def test_cached_greedy_tokens_and_vocabulary_logits_are_transformers_own(
         assert ("logits" in features.__dict__) != stored
 
 
-def test_head_only_target_holds_no_decoder_weights(tiny_world):
-    path = tiny_world / "targets" / "llama" / "bf16"
+def test_head_only_target_holds_no_decoder_weights(wide_world):
+    path = wide_world / "targets" / "llama" / "bf16"
     head = load_target_head(path, torch.bfloat16, torch.device("cpu"))
     whole = FrozenTarget.from_pretrained(path)
     assert torch.equal(head.lm_head().weight, whole.lm_head().weight)
@@ -155,13 +174,13 @@ def test_head_only_target_holds_no_decoder_weights(tiny_world):
 @pytest.mark.slow
 @pytest.mark.parametrize("algo", ["eagle3", "eagle1"])
 def test_training_from_the_cache_gives_the_online_losses(
-    tiny_world, tiny_llama_data, cache, tmp_path, algo
+    wide_world, few_llama_data, cache, tmp_path, algo
 ):
     # eagle1 reads only the final feature: the same cache (a superset) serves it
     runs, val = {}, {}
     for mode, features in (("online", None), ("cached", cache)):
         out = tmp_path / mode
-        args = run_sets(tiny_world, tiny_llama_data, features, out, algo, val=tiny_llama_data)
+        args = run_sets(wide_world, few_llama_data, features, out, algo, val=few_llama_data)
         result = CliRunner().invoke(train_draft_app, args)
         assert result.exit_code == 0, result.output
         runs[mode] = [r["loss"] for r in read_metrics(out / "metrics.jsonl", "train")]
@@ -177,29 +196,55 @@ def test_training_from_the_cache_gives_the_online_losses(
 
 
 def test_refuses_a_cache_for_another_target_layer_set_or_dataset(
-    tiny_world, tiny_llama_data, cache, tmp_path
+    wide_world, few_llama_data, cache, tmp_path
 ):
-    base = run_sets(tiny_world, tiny_llama_data, cache, tmp_path / "r")
+    other = tmp_path / "elsewhere"
+    another_dataset(wide_world, few_llama_data, other)
+    base = run_sets(wide_world, few_llama_data, cache, tmp_path / "r")
     cases = {
-        "target": ["--set", f"target.path={tiny_world / 'targets' / 'llama' / 'fp32'}"],
+        "target": ["--set", f"target.path={wide_world / 'targets' / 'llama' / 'fp32'}"],
         "layer set": ["--set", "draft.aux_layer_ids=[0, 2, 3]"],
-        "dataset": ["--set", f"data.train={tiny_llama_data.parent / 'elsewhere'}"],
+        "dataset": ["--set", f"data.train={other}"],
     }
-    other = tiny_llama_data.parent / "elsewhere"
-    if not other.exists():
-        import shutil
-
-        shutil.copytree(tiny_llama_data, other)
-        meta = json.loads((other / "meta.json").read_text())
-        meta["counts"]["note"] = "another dataset"
-        (other / "meta.json").write_text(json.dumps(meta))
     for what, extra in cases.items():
         result = CliRunner().invoke(train_draft_app, base + extra)
         assert result.exit_code == 2, result.output
         assert what in result.output and "made for something else" in result.output
 
 
-def test_an_incomplete_cache_is_refused(tiny_world, tiny_llama_data, cache, tmp_path):
+def another_dataset(world: Path, data: Path, out: Path) -> None:
+    """prepare-data, as a user runs it, on ``data``'s chats with one answer's words in another
+    order: the same tokens and counts, other rows. Its meta.json is then ``data``'s own (they
+    differed only in the chats file's path and the time), so the rows alone tell them apart."""
+    chats = [json.loads(line) for line in (data.parent / f"{data.name}-chats.jsonl").open()]
+    answer = next(m for m in chats[0]["messages"] if m["role"] == "assistant")
+    words = answer["content"].split(" ")
+    assert len(set(words)) > 1
+    answer["content"] = " ".join(words[1:] + words[:1])
+    edited = out.parent / "edited-chats.jsonl"
+    edited.write_text("".join(json.dumps(chat) + "\n" for chat in chats))
+    prepare_data(
+        load_config(
+            PrepareDataConfig,
+            None,
+            [
+                f"inputs=[{edited}]",
+                f"output_dir={out}",
+                "max_length=256",
+                "regenerate.enabled=false",
+            ]
+            + [f"tokenizer={world / 'targets' / 'llama' / 'bf16'}"],
+        )
+    )
+    ours, theirs = (json.loads((d / "meta.json").read_text()) for d in (data, out))
+    differ = {k for k in ours if ours[k] != theirs[k]}
+    assert differ <= {"sources", "created"} and ours["counts"] == theirs["counts"]
+    shutil.copyfile(data / "meta.json", out / "meta.json")
+    assert PreparedData(out).rows["input_ids"][0] != PreparedData(data).rows["input_ids"][0]
+    assert PreparedData(out).rows["input_ids"][1:] == PreparedData(data).rows["input_ids"][1:]
+
+
+def test_an_incomplete_cache_is_refused(wide_world, few_llama_data, cache, tmp_path):
     partial = tmp_path / "partial" / "train"
     partial.mkdir(parents=True)
     (partial / "identity.json").write_text((cache / "train" / "identity.json").read_text())
@@ -209,10 +254,10 @@ def test_an_incomplete_cache_is_refused(tiny_world, tiny_llama_data, cache, tmp_
 
 @pytest.mark.slow
 def test_kill_9_then_rerun_finishes_with_the_same_bytes(
-    tiny_world, tiny_llama_data, cache, tmp_path
+    wide_world, few_llama_data, cache, tmp_path
 ):
     out = tmp_path / "killed"
-    args = run_sets(tiny_world, tiny_llama_data, out, tmp_path / "unused")
+    args = run_sets(wide_world, few_llama_data, out, tmp_path / "unused")
     cmd = [sys.executable, "-m", "eagle_train.cli", "prepare-features", *args]
     # ~70 shards (caught midway); every row its own forward, as the reference below
     cmd += ["--shard-mib", "0.2", "--batch-tokens", "1"]
@@ -233,9 +278,9 @@ def test_kill_9_then_rerun_finishes_with_the_same_bytes(
     assert verify_cache(out / "train") == [] and not list((out / "train").glob(".shard-*"))
     # every row, those written before the kill and after, is the target's own forward of it
     got = FeatureCache(out / "train")
-    whole = FrozenTarget.from_pretrained(tiny_world / "targets" / "llama" / "bf16")
+    whole = FrozenTarget.from_pretrained(wide_world / "targets" / "llama" / "bf16")
     names = ["hidden.1", "hidden.2", "hidden.3", "final"]
-    for row, ids in enumerate(PreparedData(tiny_llama_data).rows["input_ids"]):
+    for row, ids in enumerate(PreparedData(few_llama_data).rows["input_ids"]):
         ids = torch.tensor([ids])
         feats = whole.features(ids, torch.ones_like(ids), [1, 2, 3])
         h = feats.final.shape[-1]
@@ -245,9 +290,9 @@ def test_kill_9_then_rerun_finishes_with_the_same_bytes(
 
 
 def test_prepare_features_refuses_a_directory_made_for_another_layer_set(
-    tiny_world, tiny_llama_data, cache, tmp_path
+    wide_world, few_llama_data, cache, tmp_path
 ):
-    args = run_sets(tiny_world, tiny_llama_data, cache, tmp_path / "unused")
+    args = run_sets(wide_world, few_llama_data, cache, tmp_path / "unused")
     result = CliRunner().invoke(
         prepare_features_app, [*args, "--set", "draft.aux_layer_ids=[0, 1, 2]"]
     )
@@ -256,18 +301,18 @@ def test_prepare_features_refuses_a_directory_made_for_another_layer_set(
     assert "Traceback" not in result.output
 
 
-def test_prepare_features_needs_an_output(tiny_world, tiny_llama_data, tmp_path):
-    cfg = config(run_sets(tiny_world, tiny_llama_data, None, tmp_path / "r"))
+def test_prepare_features_needs_an_output(wide_world, few_llama_data, tmp_path):
+    cfg = config(run_sets(wide_world, few_llama_data, None, tmp_path / "r"))
     with pytest.raises(FeatureCacheError, match="data.features"):
         prepare_features(cfg, ExtractSettings())
 
 
-def test_device_map_extraction_writes_the_same_cache(tiny_world, tiny_llama_data, cache, tmp_path):
+def test_device_map_extraction_writes_the_same_cache(wide_world, few_llama_data, cache, tmp_path):
     """--device-map auto takes the input device from the loaded model, not the rank's. On a
     CPU-only machine transformers places the whole target on the CPU (no multi-device
     dispatch is exercised here): the path must run and the bytes must not change."""
     out = tmp_path / "mapped"
-    args = run_sets(tiny_world, tiny_llama_data, out, tmp_path / "unused", val=tiny_llama_data)
+    args = run_sets(wide_world, few_llama_data, out, tmp_path / "unused", val=few_llama_data)
     result = CliRunner().invoke(
         prepare_features_app, [*args, "--shard-mib", "1", "--device-map", "auto"]
     )
@@ -281,10 +326,10 @@ def test_device_map_extraction_writes_the_same_cache(tiny_world, tiny_llama_data
 @pytest.mark.slow
 @pytest.mark.distributed
 def test_two_ranks_split_the_shards_and_write_the_same_cache(
-    tiny_world, tiny_llama_data, cache, tmp_path
+    wide_world, few_llama_data, cache, tmp_path
 ):
     out = tmp_path / "two"
-    args = run_sets(tiny_world, tiny_llama_data, out, tmp_path / "unused", val=tiny_llama_data)
+    args = run_sets(wide_world, few_llama_data, out, tmp_path / "unused", val=few_llama_data)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
     cmd += ["-m", "eagle_train.cli", "prepare-features", *args, "--shard-mib", "1"]
     env = {**os.environ, "OMP_NUM_THREADS": THREADS, "PYTHONPATH": str(REPO)}

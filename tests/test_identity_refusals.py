@@ -84,9 +84,9 @@ FIXTURE = REPO / "tests" / "assets" / "speculators" / "eagle3-llama-tiny"  # aux
 
 @pytest.mark.parametrize("held", sorted(SETS))
 def test_a_warm_start_drafter_must_read_exactly_the_runs_layers(
-    held: str, tiny_world: Path
+    held: str, wide_world: Path
 ) -> None:
-    target = FrozenTarget.from_pretrained(tiny_world / "targets" / "llama" / "fp32", torch.float32)
+    target = FrozenTarget.from_pretrained(wide_world / "targets" / "llama" / "fp32", torch.float32)
     cfg = load_config(
         RunConfig,
         REPO / "configs" / "train" / "eagle3-llama-demo.yaml",

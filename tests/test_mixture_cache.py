@@ -64,16 +64,18 @@ def cli_args(world: Path, train: str, out: Path, *extra: str) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def sources(tiny_world: Path, tiny_llama_data: Path, tmp_path_factory) -> dict[str, Path]:
-    """Two prepared datasets (the tiny world's train and val chats) and a feature cache for
-    each, made by prepare-features as a user runs it, once per dataset; the first cache holds
-    a val/ split made for the second dataset too."""
+def sources(wide_world: Path, tmp_path_factory) -> dict[str, Path]:
+    """Two prepared datasets (37 of the wide world's train chats and 17 of its val chats:
+    every step of EAGLE-1, which the resume test trains, runs the target's whole 33,024-row
+    head) and a feature cache for each, made by prepare-features as a user runs it, once per
+    dataset; the first cache holds a val/ split made for the second dataset too."""
     root = tmp_path_factory.mktemp("mixcache")
-    small = prepare_tiny_data(tiny_world, "llama", "val", root / "llama-val", regenerate=False)
-    made = {"a": tiny_llama_data, "b": small}
-    for name, data, val in (("a", tiny_llama_data, small), ("b", small, None)):
+    big = prepare_tiny_data(wide_world, "llama", "train", root / "llama-train", False, num_chats=37)
+    small = prepare_tiny_data(wide_world, "llama", "val", root / "llama-val", False, num_chats=17)
+    made = {"a": big, "b": small}
+    for name, data, val in (("a", big, small), ("b", small, None)):
         extra = [f"data.features={root / f'feat-{name}'}", f"data.val={val or 'null'}"]
-        args = cli_args(tiny_world, str(data), root / "unused", *extra)
+        args = cli_args(wide_world, str(data), root / "unused", *extra)
         result = CliRunner().invoke(prepare_features_app, args)
         assert result.exit_code == 0, result.output
         made[f"feat-{name}"] = root / f"feat-{name}"
@@ -100,11 +102,11 @@ def stream(cfg: RunConfig, n: int):
 
 
 def test_cached_mixture_hands_out_the_online_rows_with_the_targets_features(
-    tiny_world: Path, sources: dict[str, Path], tmp_path: Path
+    wide_world: Path, sources: dict[str, Path], tmp_path: Path
 ):
     size_a = len(PreparedData(sources["a"]))
-    online_cfg = config(tiny_world, mixture(sources, False), tmp_path / "online")
-    cached_cfg = config(tiny_world, mixture(sources, True), tmp_path / "cached")
+    online_cfg = config(wide_world, mixture(sources, False), tmp_path / "online")
+    cached_cfg = config(wide_world, mixture(sources, True), tmp_path / "cached")
     _, _, _, per_epoch = stream(online_cfg, 1)
     n = per_epoch + 2  # across the first epoch boundary
     online, want, loss_online, _ = stream(online_cfg, n)
@@ -123,7 +125,7 @@ def test_cached_mixture_hands_out_the_online_rows_with_the_targets_features(
 
     # train-draft from the caches: each step's share of supervised tokens, by hand from rows
     out = tmp_path / "cli"
-    args = cli_args(tiny_world, mixture(sources, True), out, "train.max_steps=2")
+    args = cli_args(wide_world, mixture(sources, True), out, "train.max_steps=2")
     result = CliRunner().invoke(train_draft_app, args)
     assert result.exit_code == 0, result.output
     steps = read_metrics(out / "metrics.jsonl", "train")
@@ -139,11 +141,11 @@ def final_draft(out: Path, step: int) -> dict[str, torch.Tensor]:
 
 
 def test_resume_across_an_epoch_boundary_is_bitwise(
-    tiny_world: Path, sources: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    wide_world: Path, sources: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ):
     # EAGLE-1 draws input noise every step: the RNG state must come back too
     def cfg(out: Path, *extra: str) -> RunConfig:
-        return config(tiny_world, mixture(sources, True), out, *extra, algo="eagle1")
+        return config(wide_world, mixture(sources, True), out, *extra, algo="eagle1")
 
     _, _, _, per_epoch = stream(cfg(tmp_path / "probe"), 1)
     assert per_epoch >= 3
@@ -172,10 +174,10 @@ def test_resume_across_an_epoch_boundary_is_bitwise(
 
 
 def test_a_source_with_another_datasets_cache_is_refused_in_one_line(
-    tiny_world: Path, sources: dict[str, Path], tmp_path: Path
+    wide_world: Path, sources: dict[str, Path], tmp_path: Path
 ):
     out = tmp_path / "wrong"
-    args = cli_args(tiny_world, mixture(sources, True, b_features="feat-a"), out)
+    args = cli_args(wide_world, mixture(sources, True, b_features="feat-a"), out)
     result = CliRunner().invoke(train_draft_app, args)
     assert result.exit_code == 2, result.output
     lines = result.output.strip().splitlines()
@@ -186,14 +188,14 @@ def test_a_source_with_another_datasets_cache_is_refused_in_one_line(
 
 
 def test_validation_from_the_cache_named_by_data_features(
-    tiny_world: Path, sources: dict[str, Path], tmp_path: Path
+    wide_world: Path, sources: dict[str, Path], tmp_path: Path
 ):
     val = [f"data.val={sources['b']}", "train.val_every=2", "train.val_batches=1"]
     losses = {}
     for mode, extra in (("online", []), ("cached", [f"data.features={sources['feat-a']}"])):
         out = tmp_path / mode
         train = mixture(sources, mode == "cached")
-        args = cli_args(tiny_world, train, out, "train.max_steps=2", *val, *extra)
+        args = cli_args(wide_world, train, out, "train.max_steps=2", *val, *extra)
         result = CliRunner().invoke(train_draft_app, args)
         assert result.exit_code == 0, result.output
         losses[mode] = [m["loss"] for m in read_metrics(out / "metrics.jsonl", "val")]
@@ -202,7 +204,7 @@ def test_validation_from_the_cache_named_by_data_features(
 
 
 def test_mixture_cache_settings_are_refused_where_they_do_not_apply(
-    tiny_world: Path, sources: dict[str, Path], tmp_path: Path
+    wide_world: Path, sources: dict[str, Path], tmp_path: Path
 ):
     s, out = sources, tmp_path / "r"
     half = (
@@ -216,8 +218,8 @@ def test_mixture_cache_settings_are_refused_where_they_do_not_apply(
     ]
     for train, extra, message in cases:
         with pytest.raises(ConfigError, match=message):
-            config(tiny_world, train, out, *extra)
+            config(wide_world, train, out, *extra)
     valid = [f"data.val={s['b']}", f"data.features={tmp_path / 'f'}"]
-    cfg = config(tiny_world, mixture(s, True), out, *valid)
+    cfg = config(wide_world, mixture(s, True), out, *valid)
     with pytest.raises(FeatureCacheError, match="once per source"):
         prepare_features(cfg, ExtractSettings())

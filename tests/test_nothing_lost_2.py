@@ -256,19 +256,19 @@ def test_an_export_manifest_naming_a_file_outside_is_refused(trained: Path, tmp_
 
 
 @pytest.fixture(scope="module")
-def cache(tiny_world: Path, tiny_llama_data: Path, tmp_path_factory) -> Path:
+def cache(wide_world: Path, few_llama_data: Path, tmp_path_factory) -> Path:
     """A feature cache of the training split alone, in 1 MiB shards."""
     from eagle_train.cli import prepare_features_app
 
     out = tmp_path_factory.mktemp("features2") / "llama"
-    args = feature_sets(tiny_world, tiny_llama_data, out, out.parent / "unused")
+    args = feature_sets(wide_world, few_llama_data, out, out.parent / "unused")
     result = CliRunner().invoke(prepare_features_app, [*args, "--shard-mib", "1"])
     assert result.exit_code == 0, result.output
     return out
 
 
 def test_a_corrupt_cache_shard_is_named_on_its_first_read(
-    tiny_world: Path, tiny_llama_data: Path, cache: Path, tmp_path: Path
+    wide_world: Path, few_llama_data: Path, cache: Path, tmp_path: Path
 ):
     """Before: a shard with 4 KiB overwritten (same size) trained 40 steps on garbage, then
     stopped with "non-finite loss" without naming the cache."""
@@ -280,7 +280,7 @@ def test_a_corrupt_cache_shard_is_named_on_its_first_read(
         data[-4096:] = bytes(4096)
         shard.write_bytes(bytes(data))
     before = snapshot(copy)
-    args = feature_sets(tiny_world, tiny_llama_data, copy, tmp_path / "run")
+    args = feature_sets(wide_world, few_llama_data, copy, tmp_path / "run")
     result = CliRunner().invoke(train_draft_app, args)
     one_line_error(result, "sha256 differs from the one", "(corrupt)")
     named = result.output.split("error: ")[1].split(":")[0]

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from realistic import random_ids
 
 from eagle_train.config import load_config
 from eagle_train.data.loader import Batch
@@ -30,8 +31,8 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module", params=["llama", "qwen3"])
-def target(request: pytest.FixtureRequest, tiny_world: Path) -> FrozenTarget:
-    path = tiny_world / "targets" / request.param / "fp32"
+def target(request: pytest.FixtureRequest, wide_world: Path) -> FrozenTarget:
+    path = wide_world / "targets" / request.param / "fp32"
     return FrozenTarget.from_pretrained(path, dtype=torch.float32)
 
 
@@ -48,9 +49,10 @@ def build(target: FrozenTarget, **kwargs):
     return cfg, draft
 
 
-def make_batch(vocab: int, t: int = 32) -> Batch:
+def make_batch(target: FrozenTarget, t: int = 32) -> Batch:
+    """Two rows of ids the target's tokenizer produces (random_ids), ``t`` and ``t - 9`` long."""
     torch.manual_seed(1)
-    ids = torch.randint(4, vocab, (2, t))
+    ids = random_ids(target.model.name_or_path, (2, t), skip=4)
     lengths = torch.tensor([t, t - 9])
     attention = (torch.arange(t)[None] < lengths[:, None]).long()
     loss_mask = attention.clone()
@@ -133,7 +135,7 @@ def test_evaluation_keeps_every_candidate() -> None:
 def test_segmented_gradient_equals_one_pass(target: FrozenTarget) -> None:
     cfg, draft = build(target)
     draft.train()
-    batch = make_batch(target.config.vocab_size)
+    batch = make_batch(target)
     feats = target.features(batch.input_ids, batch.attention_mask, [1, 2, 3])
     params = [p for p in draft.parameters() if p.requires_grad]
 
@@ -162,7 +164,7 @@ def test_segmented_gradient_equals_one_pass(target: FrozenTarget) -> None:
 
 def test_a_part_without_deep_elements_still_reaches_every_parameter(target) -> None:
     cfg, draft = build(target)
-    batch = make_batch(target.config.vocab_size, t=16)
+    batch = make_batch(target, t=16)
     batch.loss_mask.zero_()  # nothing supervised: no deep element at all
     feats = target.features(batch.input_ids, batch.attention_mask, [1, 2, 3])
     for part in SPEC.loss_parts(draft, feats, batch, cfg, num_segments=3):
@@ -178,7 +180,7 @@ def test_shapes_propose_and_export(target: FrozenTarget) -> None:
     cfg, draft = build(target)
     h, v = target.config.hidden_size, target.config.vocab_size
     assert draft.mask_hidden.shape == (3 * h,) and int(draft.mask_token_id) == 3
-    batch = make_batch(v)
+    batch = make_batch(target)
     feats = target.features(batch.input_ids, batch.attention_mask, [1, 2, 3])
     e = Elements.from_grid(sample_elements(batch.lengths, 32, 3, None, None))
     assert draft(feats.aux, batch.input_ids, e).shape == (*e.anchor.shape, v)
@@ -215,8 +217,8 @@ def test_mask_token_id_errors(target: FrozenTarget) -> None:
         bare.model.name_or_path = str(target.model.name_or_path)
 
 
-def test_eval_acceptance_serves_it_with_parallel_drafting(tiny_world: Path, tmp_path: Path):
-    target_dir = tiny_world / "targets" / "llama" / "bf16"
+def test_eval_acceptance_serves_it_with_parallel_drafting(wide_world: Path, tmp_path: Path):
+    target_dir = wide_world / "targets" / "llama" / "bf16"
     cfg = load_config(
         RunConfig,
         REPO / "configs" / "train" / "peagle-llama-demo.yaml",

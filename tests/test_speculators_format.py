@@ -12,7 +12,7 @@ import torch
 from draft_cases import ALGORITHMS, has_field, has_speculators_format
 from perfect_drafter import AUX_LAYER_IDS, build_identity_target, build_perfect_eagle3
 from safetensors.torch import load_file
-from target_families import build_family_target
+from target_families import WIDE_VOCAB, build_family_target
 
 from eagle_train.config import load_config
 from eagle_train.drafts.registry import DRAFTS, get_draft
@@ -45,7 +45,9 @@ def run_config(algorithm: str, target: Path, overrides: list[str]) -> RunConfig:
 
 @pytest.fixture(scope="module")
 def llama_target(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_family_target("llama", tmp_path_factory.mktemp("t") / "llama", None)
+    """A Llama target of the wide world's 33,024 ids (the exported d2t crosses 32,767)."""
+    out = tmp_path_factory.mktemp("t") / "llama"
+    return build_family_target("llama", out, None, vocab=WIDE_VOCAB)
 
 
 def export_both(
@@ -58,9 +60,12 @@ def export_both(
     state = spec.build(cfg.draft, FrozenTarget.from_pretrained(target, torch.float32), None)
     state = state.state_dict()
     if "t2d" in state:  # a draft vocabulary smaller than the target's: d2t and t2d ship
-        state["t2d"] = torch.arange(512) < 256
-        state["d2t"] = torch.zeros(256, dtype=torch.long)
-        state["lm_head.weight"] = state["lm_head.weight"][:256]
+        # 256 ids spread over the whole vocabulary, on both sides of 32,767 (as a real
+        # target's most frequent tokens are), each with its head row
+        ids = torch.linspace(0, len(state["t2d"]) - 1, 256).long()
+        state["t2d"] = torch.zeros_like(state["t2d"]).index_fill_(0, ids, True)
+        state["d2t"] = ids - torch.arange(256)
+        state["lm_head.weight"] = state["lm_head.weight"][ids]
     native = export_state(state, cfg, out / "native", {"step": 0})
     return native, export_state(state, cfg, out / "spec", {"step": 0}, fmt="speculators")
 

@@ -17,6 +17,7 @@ from target_families import (
     HIDDEN,
     KV_HEADS,
     LAYERS,
+    VOCAB,
     family_config,
 )
 
@@ -30,7 +31,7 @@ from eagle_train.target_model.description import VLLM_CAPABILITIES
 def test_description_of_each_family(family: str) -> None:
     d = describe_target(family_config(family))
     want = EXPECTED[family]
-    assert (d.num_layers, d.hidden_size, d.vocab_size) == (LAYERS, HIDDEN, 512)
+    assert (d.num_layers, d.hidden_size, d.vocab_size) == (LAYERS, HIDDEN, VOCAB)
     assert (d.num_heads, d.num_kv_heads, d.head_dim) == (HEADS, KV_HEADS, HEAD_DIM)
     assert d.architecture == want["architecture"]
     assert d.qk_norm is want["qk_norm"] and d.num_experts == want["num_experts"]

@@ -13,6 +13,7 @@ import pytest
 import torch
 from conftest import REPO
 from draft_cases import has_speculators_format, loss_from_data
+from realistic import vocab_ids, vocab_size
 from safetensors.torch import load_file, save_file
 from test_export_roundtrip import loss_of, perturbed_draft
 
@@ -48,8 +49,8 @@ CASES = [(a, layout) for a in DRAFTS for layout in layouts(a)]
 
 
 @pytest.fixture(scope="module")
-def llama(tiny_world: Path) -> FrozenTarget:
-    return FrozenTarget.from_pretrained(tiny_world / "targets" / "llama" / "fp32", torch.float32)
+def llama(wide_world: Path) -> FrozenTarget:
+    return FrozenTarget.from_pretrained(wide_world / "targets" / "llama" / "fp32", torch.float32)
 
 
 def run_config(algorithm: str, target: FrozenTarget, *overrides: str) -> RunConfig:
@@ -67,11 +68,14 @@ def run_config(algorithm: str, target: FrozenTarget, *overrides: str) -> RunConf
     )
 
 
-def vocab_of(size: int, vocab: int, seed: int) -> VocabMapping:
-    ids = torch.sort(torch.randperm(vocab, generator=torch.Generator().manual_seed(seed))[:size])
+def vocab_of(size: int, target: FrozenTarget, seed: int) -> VocabMapping:
+    """A draft vocabulary of ``size`` ids the target's tokenizer produces (both sides of
+    32,767 on the wide world)."""
+    ids = vocab_ids(target.model.name_or_path, size, seed)
+    vocab = target.config.vocab_size
     t2d = torch.zeros(vocab, dtype=torch.bool)
-    t2d[ids.values] = True
-    return VocabMapping(ids.values - torch.arange(size), t2d, torch.zeros(vocab, dtype=torch.long))
+    t2d[ids] = True
+    return VocabMapping(ids - torch.arange(size), t2d, torch.zeros(vocab, dtype=torch.long))
 
 
 def to_safeailab(native: Path, out: Path, embed: torch.Tensor | None, safetensors: bool) -> Path:
@@ -86,7 +90,7 @@ def to_safeailab(native: Path, out: Path, embed: torch.Tensor | None, safetensor
         renamed = {n.replace("layers.0.", "midlayer."): t for n, t in tensors.items()}
         vd = tensors["lm_head.weight"].shape[0]
         d2t = tensors.get("d2t", torch.zeros(vd, dtype=torch.long))
-        t2d = torch.zeros(512, dtype=torch.bool)
+        t2d = torch.zeros(config["vocab_size"], dtype=torch.bool)
         t2d[torch.arange(vd) + d2t] = True
         renamed["t2d"] = t2d
         config["architectures"] = ["LlamaForCausalLMEagle3"]
@@ -123,7 +127,7 @@ def test_export_then_init_from_gives_the_same_loss(
 ) -> None:
     spec = get_draft(algorithm)
     cfg = run_config(algorithm, llama, *overrides)
-    vocab = vocab_of(96, 512, seed=5) if spec.uses_draft_vocab else None
+    vocab = vocab_of(96, llama, seed=5) if spec.uses_draft_vocab else None
     trained = perturbed_draft(spec, cfg.draft, llama, 0, vocab)
     shipped_embed = layout == "safeailab" and algorithm == "eagle1"
     if shipped_embed:  # a fine-tuned embedding: the one in the file must be the one used
@@ -137,7 +141,7 @@ def test_export_then_init_from_gives_the_same_loss(
         out = to_safeailab(out, tmp_path / "safeailab", embed, layout.endswith("safetensors"))
 
     warm = cfg.draft.model_copy(update={"init_from": out})
-    kept = initial_vocab(warm, spec, 512)
+    kept = initial_vocab(warm, spec, llama.config.vocab_size)
     if vocab is not None:  # the drafter's own vocabulary is kept
         assert kept is not None and torch.equal(kept.d2t, vocab.d2t)
         assert torch.equal(kept.t2d, vocab.t2d)
@@ -159,7 +163,7 @@ def test_a_speculators_drafter_loads_tensor_for_tensor(llama: FrozenTarget, tmp_
     spec = get_draft("eagle3")
     cfg = eagle3_config(llama)
     fixture = load_file(str(FIXTURE / "model.safetensors"))
-    vocab = initial_vocab(cfg, spec, 512)
+    vocab = initial_vocab(cfg, spec, llama.config.vocab_size)
     assert vocab is not None and torch.equal(vocab.d2t, fixture["d2t"])
     assert torch.equal(vocab.t2d, fixture["t2d"])
     draft = perturbed_draft(spec, cfg, llama, 1, vocab)
@@ -179,8 +183,10 @@ def test_a_speculators_drafter_loads_tensor_for_tensor(llama: FrozenTarget, tmp_
 def test_another_vocabulary_size_moves_head_rows_by_target_id(llama: FrozenTarget) -> None:
     spec = get_draft("eagle3")
     cfg = eagle3_config(llama, "draft.draft_vocab_size=64")
-    assert initial_vocab(cfg, spec, 512) is None  # the data's vocabulary is built instead
-    vocab = vocab_of(64, 512, seed=9)
+    assert (
+        initial_vocab(cfg, spec, llama.config.vocab_size) is None
+    )  # the data's vocabulary is built instead
+    vocab = vocab_of(64, llama, seed=9)
     draft = spec.build(cfg, llama, vocab)
     warm_start(cfg, spec, draft, llama.description)
 
@@ -244,9 +250,9 @@ def test_a_drafter_with_a_layer_no_setting_trains_says_so(
     assert "draft.norm_before_residual" not in message and "\n" not in message
 
 
-def test_a_drafter_for_another_target_is_refused(tiny_world: Path, tmp_path: Path) -> None:
-    """The fixture's vocabulary (512) against a target with another one."""
-    qwen = FrozenTarget.from_pretrained(tiny_world / "targets" / "qwen3" / "fp32", torch.float32)
+def test_a_drafter_for_another_target_is_refused(wide_world: Path, tmp_path: Path) -> None:
+    """The fixture's vocabulary (the world's) against a target with another one."""
+    qwen = FrozenTarget.from_pretrained(wide_world / "targets" / "qwen3" / "fp32", torch.float32)
     bad = tmp_path / "bad"
     shutil.copytree(FIXTURE, bad)
     config = json.loads((bad / "config.json").read_text())
@@ -254,12 +260,13 @@ def test_a_drafter_for_another_target_is_refused(tiny_world: Path, tmp_path: Pat
     (bad / "config.json").write_text(json.dumps(config))
     spec = get_draft("eagle3")
     cfg = run_config("eagle3", qwen, f"draft.init_from={bad}").draft
-    with pytest.raises(ConfigError, match="vocab_size 1000 != the target's vocab size 512"):
-        initial_vocab(cfg, spec, 512)
+    vocab = vocab_size(qwen.model.name_or_path)
+    with pytest.raises(ConfigError, match=f"vocab_size 1000 != the target's vocab size {vocab}"):
+        initial_vocab(cfg, spec, vocab)
 
 
 def test_train_draft_starts_from_the_drafter(
-    tiny_world: Path, tiny_llama_data: Path, tmp_path: Path
+    wide_world: Path, few_llama_data: Path, tmp_path: Path
 ) -> None:
     """Through the trainer (not warm_start alone): after one AdamW step (lr 1.5e-3 in
     warmup, no weight decay) every weight of the checkpoint is within that lr of the
@@ -270,8 +277,8 @@ def test_train_draft_starts_from_the_drafter(
 
     out = tmp_path / "warm"
     sets = [
-        *overrides(tiny_world, tiny_llama_data, out, steps=1),
-        f"target.path={tiny_world / 'targets' / 'llama' / 'fp32'}",
+        *overrides(wide_world, few_llama_data, out, steps=1),
+        f"target.path={wide_world / 'targets' / 'llama' / 'fp32'}",
         "target.dtype=float32",
         "data.val=null",
         "draft.draft_vocab_size=null",  # the drafter's own 128-token vocabulary

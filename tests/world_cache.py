@@ -18,6 +18,7 @@ import os
 import shutil
 import stat
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -94,12 +95,13 @@ def _discard(path: Path) -> None:
         shutil.rmtree(path)
 
 
-def stored_world(config_file: Path) -> Path:
-    """The read-only stored world for ``config_file`` (built here if no entry matches)."""
+def stored_world(config_file: Path, overrides: Sequence[str] = ()) -> Path:
+    """The read-only stored world for ``config_file`` with ``overrides`` (``key=value``, as
+    ``--set`` takes them) applied (built here if no entry matches)."""
     from eagle_train.config import load_config
     from eagle_train.demo.build import DemoConfig, build_demo_world
 
-    cfg = load_config(DemoConfig, config_file)
+    cfg = load_config(DemoConfig, config_file, list(overrides))
     root = cache_root() / "tiny-worlds"
     final = root / f"{config_file.stem}-{world_key(cfg.model_dump(mode='json'))}"
     if (final / "world.json").is_file():
@@ -119,8 +121,8 @@ def stored_world(config_file: Path) -> Path:
     return final
 
 
-def world_copy(config_file: Path, out: Path) -> Path:
+def world_copy(config_file: Path, out: Path, overrides: Sequence[str] = ()) -> Path:
     """A writable copy of the stored world at ``out`` (this session's own)."""
-    shutil.copytree(stored_world(config_file), out, copy_function=shutil.copy)
+    shutil.copytree(stored_world(config_file, overrides), out, copy_function=shutil.copy)
     _set_tree_mode(out, writable=True)
     return out

@@ -1,8 +1,10 @@
 """Make the golden foreign drafters with the other projects' own code (not eagle-train's).
 
 Each is a random-weight drafter (seeded; weights other than 1 everywhere, so a tensor loaded
-under the wrong name changes the drafts) for the tiny demo world's Llama target (hidden 64,
-vocabulary 512, 4 layers), in a layout another tool writes:
+under the wrong name changes the drafts) for the wide tests' world's Llama target (hidden 64,
+4 layers, its vocabulary read from its config: 33,024 ids, its learned pieces above 32,767),
+in a layout another tool writes. A draft vocabulary is 128 ids drawn from those the world's
+tokenizer produces (not its reserved ones), so it holds ids on both sides of 32,767:
 
 - ``speculators-peagle``, ``speculators-dflash``: ``PEagleDraftModel`` / ``DFlashDraftModel``
   of speculators 0.9.0, ``from_training_args`` + ``save_pretrained`` (what ``speculators
@@ -27,6 +29,9 @@ folder of their own; speculators also needs hs-connectors and loguru there):
         loguru==0.7.3 dflash==0.1.0 eagle-llm==1.2.1
     # the tiny demo world, built as tests/assets/speculators/make_fixture.py says
     PYTHONPATH=SITE:$PWD python tests/assets/drafters/make_drafters.py WORLD
+
+Rebuild them whenever the wide tests' world (configs/demo/tiny.yaml with reserved_ids=32512,
+wide_world in tests/conftest.py) changes its vocabulary.
 """
 
 from __future__ import annotations
@@ -42,7 +47,8 @@ import torch
 from transformers import AutoConfig, LlamaConfig, Qwen3Config
 
 OUT = Path(__file__).resolve().parent
-VOCAB, DRAFT_VOCAB = 512, 128
+DRAFT_VOCAB = 128
+VOCAB = 0  # the verifier's vocabulary size, read by main()
 
 
 def randomize(model: torch.nn.Module, skip: tuple[str, ...] = ()) -> None:
@@ -55,8 +61,15 @@ def randomize(model: torch.nn.Module, skip: tuple[str, ...] = ()) -> None:
             p.copy_(torch.randn_like(p) * scale + mean)
 
 
+def produced_ids(verifier: str) -> torch.Tensor:
+    """The ids the verifier's tokenizer produces: all but its ``<|reserved_K|>`` pieces."""
+    vocab = json.loads((Path(verifier) / "tokenizer.json").read_text())["model"]["vocab"]
+    return torch.tensor(sorted(i for p, i in vocab.items() if not p.startswith("<|reserved_")))
+
+
 def draft_vocab() -> tuple[torch.Tensor, torch.Tensor]:
-    ids = torch.sort(torch.randperm(VOCAB)[:DRAFT_VOCAB]).values
+    produced = produced_ids("targets/llama/fp32")
+    ids = torch.sort(produced[torch.randperm(len(produced))[:DRAFT_VOCAB]]).values
     t2d = torch.zeros(VOCAB, dtype=torch.bool)
     t2d[ids] = True
     return ids - torch.arange(DRAFT_VOCAB), t2d
@@ -219,6 +232,8 @@ def main() -> None:
     world = Path(sys.argv[1]).resolve()
     os.chdir(world)  # the verifier is named by a relative path, as a hub id would be
     verifier = "targets/llama/fp32"
+    global VOCAB
+    VOCAB = AutoConfig.from_pretrained(verifier).vocab_size
     makers = (
         speculators_drafters,
         safeailab_eagle1,
