@@ -21,8 +21,8 @@ from typer.testing import CliRunner
 from eagle_train.cli import train_draft_app
 from eagle_train.config import ConfigError
 from eagle_train.data.loader import Batch
-from eagle_train.drafts.eagle3.config import Eagle3Config
 from eagle_train.drafts.eagle3 import copy_loss
+from eagle_train.drafts.eagle3.config import Eagle3Config
 from eagle_train.drafts.eagle3.copy_loss import copy_attention_loss, copy_targets
 from eagle_train.drafts.registry import get_draft
 from eagle_train.metrics import read_metrics
@@ -120,7 +120,7 @@ def test_chunked_slots_give_the_same_gradients_and_keep_nothing_t_by_t(monkeypat
         monkeypatch.setattr(copy_loss, "_CHUNK_BYTES", 4 * 2 * heads * t * chunk)
         saved: list[int] = []
 
-        def keep(x: Tensor) -> Tensor:
+        def keep(x: Tensor, saved: list[int] = saved) -> Tensor:
             saved.append(x.numel())
             return x
 
