@@ -44,9 +44,10 @@ def ttt_attention(
     return _TTTAttention.apply(q, k0, v0, kd, vd)
 
 
-def _chunk_rows(q: Tensor) -> int:
-    batch, heads, length, _ = q.shape
-    return max(1, min(length, _CHUNK_BYTES // (4 * batch * heads * max(length, 1))))
+def rows_per_chunk(batch: int, heads: int, length: int, chunk_bytes: int = _CHUNK_BYTES) -> int:
+    """Query rows per chunk so that a chunk's fp32 scores over ``length`` keys, (batch,
+    heads, rows, length), stay near ``chunk_bytes``."""
+    return max(1, min(length, chunk_bytes // (4 * batch * heads * max(length, 1))))
 
 
 def chain_scores(qc: Tensor, k0: Tensor, kdc: Tensor, start: int, scale: float) -> Tensor:
@@ -64,7 +65,7 @@ class _TTTAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q: Tensor, k0: Tensor, v0: Tensor, kd: Tensor, vd: Tensor) -> Tensor:  # type: ignore[override]
         scale = 1.0 / math.sqrt(q.shape[-1])
-        length, chunk = q.shape[2], _chunk_rows(q)
+        length, chunk = q.shape[2], rows_per_chunk(*q.shape[:3])
         out = torch.empty(q.shape, dtype=torch.float32, device=q.device)
         lse = torch.empty(q.shape[:3], dtype=torch.float32, device=q.device)
         for start in range(0, length, chunk):

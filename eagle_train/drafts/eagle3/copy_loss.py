@@ -25,7 +25,7 @@ from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
 from eagle_train.drafts.eagle_family import shift_left, valid_slots
-from eagle_train.drafts.ttt_attention import chain_scores
+from eagle_train.drafts.ttt_attention import chain_scores, rows_per_chunk
 
 # fp32 scores per chunk of slots (bytes): the (B, N, chunk, T) tensors of one chunk.
 _CHUNK_BYTES = 64 * 2**20
@@ -72,11 +72,6 @@ def copy_log_attention(
     return torch.log_softmax(scores, dim=-1)[..., :end]
 
 
-def _slots_per_chunk(batch: int, heads: int, length: int) -> int:
-    """Query slots per chunk so that a chunk's fp32 scores stay near ``_CHUNK_BYTES``."""
-    return max(1, min(length, _CHUNK_BYTES // (4 * batch * heads * max(length, 1))))
-
-
 def _chunk_terms(
     input_ids: Tensor, counted: Tensor, step: int, start: int, end: int, *probed_flat: Tensor
 ) -> tuple[Tensor, Tensor, Tensor]:
@@ -109,20 +104,26 @@ def copy_attention_loss(
     chunks whose scores are recomputed in backward, so memory grows with T, not T x T."""
     losses, masses, counts = [], [], []
     b, n, t, _ = probed[0][1].shape
-    chunk = _slots_per_chunk(b, n, t)
+    chunk = rows_per_chunk(b, n, t, _CHUNK_BYTES)
     for step in range(len(probed)):
         counted = valid_slots(loss_mask, lengths, step)
         flat = [x for pair in probed[: step + 1] for x in pair]
-        total = probed[0][1].new_zeros((), dtype=torch.float32)
-        mass_sum, matched = 0.0, 0
-        for start in range(0, t, chunk):
-            end = min(t, start + chunk)
-            part, mass, hits = checkpoint(
-                _chunk_terms, input_ids, counted, step, start, end, *flat, use_reentrant=False
+        sums = [
+            checkpoint(
+                _chunk_terms,
+                input_ids,
+                counted,
+                step,
+                start,
+                min(t, start + chunk),
+                *flat,
+                use_reentrant=False,
             )
-            total = total + part
-            mass_sum, matched = mass_sum + float(mass), matched + int(hits)
+            for start in range(0, t, chunk)
+        ]
+        total, mass_sum, hits = (torch.stack(column).sum() for column in zip(*sums, strict=True))
+        matched = int(hits)  # one host read per step
         losses.append(total / counted.sum().clamp(min=1))
-        masses.append(mass_sum / max(matched, 1))
+        masses.append(float(mass_sum) / max(matched, 1))
         counts.append(matched)
     return CopyStats(loss=torch.stack(losses).mean(), mass=masses, slots=counts)
