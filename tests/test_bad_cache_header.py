@@ -10,8 +10,8 @@ import shutil
 import struct
 from pathlib import Path
 
-from test_feature_cache import run_sets as feature_sets
-from test_nothing_lost_2 import cache, one_line_error, snapshot  # noqa: F401
+from cli_runs import one_line_error, snapshot
+from feature_runs import run_sets as feature_sets
 from typer.testing import CliRunner
 
 from eagle_train.cli import train_draft_app

@@ -17,7 +17,7 @@ proposers (vllm/v1/spec_decode/):
 from __future__ import annotations
 
 import torch
-from test_what_trains import VOCAB, demo_draft
+from demo_drafts import VOCAB, demo_draft
 
 from eagle_train.data.loader import Batch
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from test_resume_exact import Stop, config, repeated_rows_data
+from resume_runs import Stop, config, repeated_rows_data
 
 import eagle_train.train as loop
 from eagle_train.data.loader import BatchLoader, PreparedData

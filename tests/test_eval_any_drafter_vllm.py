@@ -44,7 +44,7 @@ def digest(folder: Path) -> dict[str, str]:
 
 
 def test_every_layout_measured_beside_our_export(wide_world: Path, tmp_path: Path) -> None:
-    from test_eval_drafter import export_random
+    from exported_drafts import export_random
 
     target = wide_world / "targets" / "llama" / "fp32"
     ours = export_random(wide_world, "llama", tmp_path / "ours")

@@ -6,29 +6,13 @@ import json
 from pathlib import Path
 
 import pytest
+from exported_drafts import export_random
 from safetensors.torch import load_file, save_file
 from typer.testing import CliRunner
 
 from eagle_train.cli import eval_acceptance_app
-from eagle_train.config import load_config
-from eagle_train.drafts.registry import get_draft
-from eagle_train.export import export_state
-from eagle_train.run_config import RunConfig
-from eagle_train.target_model import FrozenTarget
 
 REPO = Path(__file__).resolve().parents[1]
-
-
-def export_random(world: Path, family: str, out: Path) -> Path:
-    target_dir = world / "targets" / family / "bf16"
-    cfg = load_config(
-        RunConfig,
-        REPO / "configs" / "train" / f"eagle3-{family}-demo.yaml",
-        [f"target.path={target_dir}", "data.train=unused"],
-    )
-    spec = get_draft("eagle3")
-    state = spec.build(cfg.draft, FrozenTarget.from_pretrained(target_dir), None).state_dict()
-    return export_state(state, cfg, out, {"step": 0})
 
 
 @pytest.fixture

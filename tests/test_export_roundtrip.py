@@ -11,10 +11,10 @@ import pytest
 import torch
 from conftest import REPO
 from draft_cases import ALGORITHMS, loss_from_data
+from export_cases import loss_of, perturbed_draft
 from safetensors.torch import load_file
 
 from eagle_train.config import load_config
-from eagle_train.data.loader import Batch
 from eagle_train.drafts.registry import get_draft
 from eagle_train.export import export_state
 from eagle_train.run_config import RunConfig
@@ -25,27 +25,6 @@ from eagle_train.target_model import FrozenTarget
 def family_target(request: pytest.FixtureRequest, tiny_world: Path) -> tuple[str, FrozenTarget]:
     path = tiny_world / "targets" / request.param / "fp32"
     return request.param, FrozenTarget.from_pretrained(path, dtype=torch.float32)
-
-
-def perturbed_draft(spec, cfg, target: FrozenTarget, seed: int, vocab=None) -> torch.nn.Module:
-    torch.manual_seed(seed)
-    draft = spec.build(cfg, target, vocab)
-    with torch.no_grad():  # every weight distinct, norms included
-        for p in draft.parameters():
-            if p.requires_grad:
-                p.add_(0.1 * torch.randn_like(p))
-    return draft.eval()
-
-
-def loss_of(spec, draft, cfg, target: FrozenTarget) -> torch.Tensor:
-    torch.manual_seed(7)  # P-EAGLE samples its elements: the same draw for both drafts
-    ids = torch.randint(
-        4, target.config.vocab_size, (2, 24), generator=torch.Generator().manual_seed(3)
-    )
-    batch = Batch(ids, torch.ones_like(ids), torch.ones_like(ids), torch.tensor([24, 20]))
-    features = target.features(ids, None, spec.target_layer_ids(cfg, target.description))
-    with torch.no_grad():
-        return spec.compute_loss(draft, features, batch, cfg).loss
 
 
 @pytest.mark.parametrize("algorithm", ALGORITHMS)

@@ -10,9 +10,7 @@ import json
 from pathlib import Path
 
 import pytest
-from test_nothing_lost import CONFIG, run_sets
-from test_nothing_lost_2 import export_cli, one_line_error, snapshot, train_cli
-from test_one_line_failures import prepare_cli
+from cli_runs import CONFIG, export_cli, one_line_error, prepare_cli, run_sets, snapshot, train_cli
 from typer.testing import CliRunner
 
 from eagle_train import train as train_module

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import draft_vocab_sets
+from feature_runs import run_sets
 from old_formats import write_feature_cache_format_1
 from realistic import assert_shapes_like_real_use, vocab_ids
 from safetensors import safe_open
@@ -45,33 +45,6 @@ from eagle_train.target_model.weights import load_target_head
 REPO = Path(__file__).resolve().parents[1]
 # subprocesses use this process's thread count: bf16 kernels then round alike
 THREADS = str(torch.get_num_threads())
-
-
-def run_sets(
-    world: Path, data: Path, features: Path | None, out: Path, algo: str = "eagle3", val=None
-):
-    sets = [
-        f"target.path={world / 'targets' / 'llama' / 'bf16'}",
-        f"data.train={data}",
-        f"data.val={val or 'null'}",
-        "train.val_every=3",
-        "train.val_batches=2",
-        "data.micro_batch_size=2",
-        "data.max_length=96",
-        f"train.output_dir={out}",
-        "train.max_steps=6",
-        "train.log_every=1",
-        "train.save_every=6",
-        "train.progress=false",
-        "train.tensorboard=false",
-        "optim.warmup_steps=2",
-        *draft_vocab_sets(algo),
-    ]
-    if features is not None:
-        sets.append(f"data.features={features}")
-    return ["-c", str(REPO / "configs" / "train" / f"{algo}-llama-demo.yaml")] + [
-        x for s in sets for x in ("--set", s)
-    ]
 
 
 def config(args: list[str]) -> RunConfig:

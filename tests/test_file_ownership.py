@@ -13,8 +13,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from test_nothing_lost import CONFIG, cli_args, no_vllm, run_sets  # noqa: F401 (fixture)
-from test_nothing_lost_2 import one_line_error
+from cli_runs import cli_args, one_line_error, run_sets
 from typer.testing import CliRunner
 
 from eagle_train.cli import (
@@ -251,7 +250,7 @@ def test_fetch_real_target_keeps_the_users_fetch_json(tmp_path: Path):
 def test_export_keeps_an_edited_card(tiny_world: Path, tmp_path: Path):
     """export-draft --overwrite replaced a drafter whose README.md the user had edited (only
     added files were caught): the card is theirs now."""
-    from test_eval_drafter import export_random
+    from exported_drafts import export_random
 
     drafter = export_random(tiny_world, "llama", tmp_path / "drafter")
     card = drafter / "README.md"

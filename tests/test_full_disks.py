@@ -10,10 +10,10 @@ import os
 import shutil
 from pathlib import Path
 
+from cli_runs import export_cli, one_line_error, prepare_cli, snapshot
+from feature_runs import run_sets as feature_args
 from safetensors.torch import load_file
-from test_feature_cache import run_sets as feature_args
-from test_nothing_lost_2 import export_cli, one_line_error, snapshot, trained  # noqa: F401
-from test_one_line_failures import prepare_cli, tmpfs
+from tmpfs import tmpfs
 from typer.testing import CliRunner
 
 from eagle_train.cli import prepare_features_app

@@ -110,7 +110,7 @@ def test_a_warm_start_drafter_must_read_exactly_the_runs_layers(
 def test_resume_refuses_a_checkpoint_of_another_layer_set(tiny_world: Path, tmp_path: Path) -> None:
     """Resume needs the checkpoint's draft section exactly: a subset, a superset and a
     disjoint aux layer set are each refused before a step runs."""
-    from test_resume_exact import config, repeated_rows_data
+    from resume_runs import config, repeated_rows_data
 
     import eagle_train.train as loop
     from eagle_train.checkpoint import CheckpointError

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_vocab_loss import DRAFT_SETTINGS, VOCAB, reference, wide_target
+from vocab_loss_cases import DRAFT_SETTINGS, VOCAB, reference, wide_target
 
 from eagle_train.config import ConfigError, load_config
 from eagle_train.data.loader import Batch

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import draft_vocab_sets
+from cli_runs import CONFIG, _Payload, cli_args, run_sets
 from typer.testing import CliRunner
 
 from eagle_train.checkpoint import CheckpointError, checkpoint_problems, load_for_resume
@@ -31,32 +31,6 @@ from eagle_train.run_config import RunConfig
 from eagle_train.train import train
 
 REPO = Path(__file__).resolve().parents[1]
-CONFIG = REPO / "configs" / "train" / "eagle3-llama-demo.yaml"
-
-
-def run_sets(target: Path | str, data: Path | str, out: Path | str, *extra: str) -> list[str]:
-    return [
-        f"target.path={target}",
-        f"data.train={data}",
-        "data.val=null",
-        "data.micro_batch_size=2",
-        "data.max_length=48",
-        "draft.ttt_steps=1",
-        *draft_vocab_sets("eagle3"),
-        "train.max_steps=4",
-        "train.save_every=2",
-        "train.progress=false",
-        "train.tensorboard=false",
-        f"train.output_dir={out}",
-        *extra,
-    ]
-
-
-def cli_args(sets: list[str], *extra: str) -> list[str]:
-    args = ["-c", str(CONFIG)]
-    for s in sets:
-        args += ["--set", s]
-    return [*args, *extra]
 
 
 @pytest.fixture(scope="module")
@@ -307,16 +281,6 @@ def test_a_full_disk_during_a_checkpoint(
 # --- security: no pickle code runs from a checkpoint ---------------------------------------
 
 
-class _Payload:
-    """Unpickling this creates ``path``: what a crafted optimizer.pt could run."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-
-    def __reduce__(self):
-        return (Path.touch, (self.path,))
-
-
 @pytest.mark.slow  # trains a run
 def test_a_pickle_payload_in_optimizer_pt_is_refused(run_dir: Path, tmp_path: Path, monkeypatch):
     """Before: torch.load without weights_only; with TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1 in
@@ -363,17 +327,6 @@ def test_a_read_only_output_directory(tiny_world: Path, tiny_llama_data: Path, t
 # --- eval-acceptance ------------------------------------------------------------------------
 
 
-@pytest.fixture
-def no_vllm(monkeypatch: pytest.MonkeyPatch) -> None:
-    import eagle_train.evaluate.harness as harness
-
-    def refuse(*args, **kwargs):
-        raise AssertionError("vLLM must not start")
-
-    monkeypatch.setattr(harness, "VllmEngine", refuse)
-    monkeypatch.setattr(harness, "_open", refuse)  # engines in their own processes
-
-
 def evaluate(target: Path, drafter: Path, out: Path, *extra: str):
     from eagle_train.cli import eval_acceptance_app
 
@@ -383,7 +336,7 @@ def evaluate(target: Path, drafter: Path, out: Path, *extra: str):
 
 def test_eval_names_a_truncated_drafter(tiny_world: Path, tmp_path: Path, no_vllm: None):
     """Before: a SafetensorError traceback."""
-    from test_eval_drafter import export_random
+    from exported_drafts import export_random
 
     drafter = export_random(tiny_world, "llama", tmp_path / "d")
     weights = drafter / "model.safetensors"
@@ -396,7 +349,7 @@ def test_eval_names_a_truncated_drafter(tiny_world: Path, tmp_path: Path, no_vll
 
 def test_eval_out_onto_an_earlier_evaluation(tiny_world: Path, tmp_path: Path, no_vllm: None):
     """Before: --out wrote into any directory, over an earlier evaluation's files."""
-    from test_eval_drafter import export_random
+    from exported_drafts import export_random
 
     target = tiny_world / "targets" / "llama" / "bf16"
     drafter = export_random(tiny_world, "llama", tmp_path / "d")

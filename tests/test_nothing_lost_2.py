@@ -5,46 +5,29 @@ what the code did before the fix."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import shutil
 from pathlib import Path
 
 import pytest
-from test_feature_cache import run_sets as feature_sets
-from test_nothing_lost import CONFIG, run_sets
+from cli_runs import (
+    CONFIG,
+    export_cli,
+    one_line_error,
+    refingerprint,
+    run_sets,
+    snapshot,
+    train_cli,
+)
+from feature_runs import run_sets as feature_sets
 from typer.testing import CliRunner
 
-from eagle_train.cli import export_draft_app, train_draft_app
+from eagle_train.cli import train_draft_app
 from eagle_train.config import load_config
 from eagle_train.ownership import RECORD
 from eagle_train.run_config import RunConfig
 from eagle_train.run_dir import check_run_directory, write_run_config
-from eagle_train.train import train
-
-
-def snapshot(root: Path) -> dict[str, bytes]:
-    """Every file under ``root`` (relative path -> bytes): what must be unchanged."""
-    return {str(p.relative_to(root)): p.read_bytes() for p in root.rglob("*") if p.is_file()}
-
-
-def train_cli(config: Path, sets: list[str]):
-    args = ["-c", str(config)]
-    for s in sets:
-        args += ["--set", s]
-    return CliRunner().invoke(train_draft_app, args)
-
-
-def one_line_error(result, *parts: str) -> None:
-    assert result.exit_code == 2, result.output
-    # progress bars (tqdm) may come first; the error is one line, the last
-    lines = [line for line in result.output.strip().splitlines() if line.startswith("error: ")]
-    assert len(lines) == 1 and "Traceback" not in result.output, result.output
-    assert result.output.strip().endswith(lines[0]), result.output
-    for part in parts:
-        assert part in lines[0], (part, lines[0])
-
 
 # --- 1. train-draft's output directory ------------------------------------------------------
 
@@ -110,20 +93,6 @@ def test_an_earlier_runs_own_config_is_recognised(tiny_llama_data: Path, tmp_pat
 
 
 # --- 2. export-draft --overwrite replaces only what the earlier export wrote ---------------
-
-
-@pytest.fixture(scope="module")
-def trained(tiny_world: Path, tiny_llama_data: Path, tmp_path_factory) -> Path:
-    """A two-step run: its checkpoint step-0000002."""
-    out = tmp_path_factory.mktemp("lost2") / "run"
-    target = tiny_world / "targets" / "llama" / "bf16"
-    sets = run_sets(target, tiny_llama_data, out, "train.max_steps=2")
-    train(load_config(RunConfig, CONFIG, sets))
-    return out / "checkpoints" / "step-0000002"
-
-
-def export_cli(ckpt: Path, out: Path, *extra: str):
-    return CliRunner().invoke(export_draft_app, [str(ckpt), str(out), *extra])
 
 
 def test_export_overwrite_keeps_a_file_the_user_added(trained: Path, tmp_path: Path):
@@ -255,18 +224,6 @@ def test_an_export_manifest_naming_a_file_outside_is_refused(trained: Path, tmp_
 # --- 5. corrupt feature-cache shards and checkpoint files are named ------------------------
 
 
-@pytest.fixture(scope="module")
-def cache(wide_world: Path, few_llama_data: Path, tmp_path_factory) -> Path:
-    """A feature cache of the training split alone, in 1 MiB shards."""
-    from eagle_train.cli import prepare_features_app
-
-    out = tmp_path_factory.mktemp("features2") / "llama"
-    args = feature_sets(wide_world, few_llama_data, out, out.parent / "unused")
-    result = CliRunner().invoke(prepare_features_app, [*args, "--shard-mib", "1"])
-    assert result.exit_code == 0, result.output
-    return out
-
-
 def test_a_corrupt_cache_shard_is_named_on_its_first_read(
     wide_world: Path, few_llama_data: Path, cache: Path, tmp_path: Path
 ):
@@ -322,14 +279,6 @@ def rewrite_state(ckpt: Path, **changes) -> Path:
     return state_file
 
 
-def refingerprint(ckpt: Path, name: str) -> None:
-    """Record ``name``'s new size and sha256 in the manifest, as a crafted checkpoint would."""
-    state = json.loads((ckpt / "trainer_state.json").read_text())
-    data = (ckpt / name).read_bytes()
-    state["files"][name] = {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
-    (ckpt / "trainer_state.json").write_text(json.dumps(state))
-
-
 @pytest.mark.parametrize(
     "change, why",
     [
@@ -354,7 +303,7 @@ def test_a_crafted_pickle_or_a_bad_header_in_a_checkpoint_is_one_line(
     """Before: an UnpicklingError / SafetensorError traceback (the manifest had been made to
     match the crafted files, so the hash check passed)."""
     import torch
-    from test_nothing_lost import _Payload
+    from cli_runs import _Payload
 
     target = tiny_world / "targets" / "llama" / "bf16"
     marker = tmp_path / "payload-ran"

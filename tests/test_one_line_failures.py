@@ -7,33 +7,15 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-from test_nothing_lost import CONFIG, run_sets
-from test_nothing_lost_2 import one_line_error, train_cli
+from cli_runs import CONFIG, one_line_error, prepare_cli, run_sets, train_cli
+from distributed_runs import _gone
+from tmpfs import tmpfs
 from typer.testing import CliRunner
 
 from eagle_train.fsutil import UnsafePathError
-
-
-@contextmanager
-def tmpfs(path: Path, size: str) -> Iterator[Path]:
-    """A real small filesystem at ``path`` (skips the test where none can be mounted)."""
-    path.mkdir()
-    mounted = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], capture_output=True
-    )
-    if mounted.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.decode().strip()}")
-    try:
-        yield path
-    finally:  # lazily where a library still maps a file there (datasets' Arrow tables)
-        if subprocess.run(["umount", str(path)], capture_output=True).returncode != 0:
-            subprocess.run(["umount", "-l", str(path)], check=True)
-
 
 # --- 6. an oversize record is refused before it is tokenized ---------------------------------
 
@@ -70,12 +52,6 @@ def test_an_oversize_jsonl_record_is_refused_before_tokenizing(
     one_line_error(result, f"{data}:2: record of", f"over the {limit} bytes")
     assert data.read_bytes() == before and not (tmp_path / "out").exists()
     assert max(tokenized) < 300_000  # the huge record never reached the tokenizer
-
-
-def prepare_cli(*sets: str):
-    from eagle_train.cli import prepare_data_app
-
-    return CliRunner().invoke(prepare_data_app, [x for s in sets for x in ("--set", s)])
 
 
 def test_a_bad_tokenizer_is_one_line(tiny_world: Path, tmp_path: Path):
@@ -135,23 +111,6 @@ def test_a_full_disk_in_prepare_data_names_the_output(
 # --- 8. ranks die with their launcher; a dead holder's lock is no lock -----------------------
 
 
-def _gone(pid: int, within_s: float) -> bool:
-    import os
-    import time
-
-    deadline = time.monotonic() + within_s
-    while time.monotonic() < deadline:
-        try:
-            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        except FileNotFoundError:
-            return True
-        if state == "Z":  # exited, waiting for a reaper
-            return True
-        time.sleep(0.05)
-    os.kill(pid, 9)
-    return False
-
-
 @pytest.mark.skipif(
     not sys.platform.startswith("linux"), reason="the parent-death signal is Linux's"
 )
@@ -161,7 +120,6 @@ def test_a_rank_dies_with_its_launcher(tmp_path: Path):
     child, TORCHELASTIC_RUN_ID set), which joins through init_distributed, then is killed."""
     import os
     import signal
-    import subprocess
 
     rank = (
         "import time\n"
@@ -191,7 +149,6 @@ def test_a_lock_held_by_a_killed_process_is_stale(tmp_path: Path):
     not block the next run: the OS released its flock."""
     import os
     import signal
-    import subprocess
 
     from eagle_train.fsutil import hold_lock
 

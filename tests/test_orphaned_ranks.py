@@ -12,9 +12,8 @@ import signal
 from pathlib import Path
 
 import pytest
-from test_distributed import finish, launch
-from test_one_line_failures import _gone
-from test_preemption import STEPS, args_for, assert_bitwise_equal, wait_for_step
+from distributed_runs import _gone, finish, launch
+from preemption_runs import STEPS, args_for, assert_bitwise_equal, wait_for_step
 
 from eagle_train.checkpoint import checkpoint_problems, find_resumable
 from eagle_train.fsutil import hold_lock

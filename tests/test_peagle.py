@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from peagle_drafts import SPEC, build
 from realistic import random_ids
 
 from eagle_train.config import load_config
@@ -26,7 +27,6 @@ from eagle_train.export import export_state, validate_drafter
 from eagle_train.run_config import RunConfig
 from eagle_train.target_model import FrozenTarget
 
-SPEC = get_draft("peagle")
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -34,19 +34,6 @@ REPO = Path(__file__).resolve().parents[1]
 def target(request: pytest.FixtureRequest, wide_world: Path) -> FrozenTarget:
     path = wide_world / "targets" / request.param / "fp32"
     return FrozenTarget.from_pretrained(path, dtype=torch.float32)
-
-
-def build(target: FrozenTarget, **kwargs):
-    cfg = PEagleConfig(
-        **{"aux_layer_ids": [1, 2, 3], "num_layers": 2, "parallel_steps": 3, **kwargs}
-    )
-    torch.manual_seed(0)
-    draft = SPEC.build(cfg, target, None)
-    with torch.no_grad():  # non-trivial everywhere (mask_hidden starts at 0)
-        for p in draft.parameters():
-            if p.requires_grad:
-                p.add_(0.05 * torch.randn_like(p))
-    return cfg, draft
 
 
 def make_batch(target: FrozenTarget, t: int = 32) -> Batch:

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import REPO
-from test_peagle import build
+from peagle_drafts import build
 
 from eagle_train.config import ConfigError, load_config
 from eagle_train.drafts.peagle.sampling import Elements

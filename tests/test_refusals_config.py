@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_nothing_lost import CONFIG, cli_args, run_sets
-from typer.testing import CliRunner
+from cli_runs import CONFIG, cli_args, run_sets
+from refusal_checks import invoke, one_line_error
 
 from eagle_train.cli import (
     build_demo_app,
@@ -25,24 +25,6 @@ TINY = REPO / "configs" / "demo" / "tiny.yaml"
 BOMB_LEVELS = ["a: &a [lol, lol, lol, lol, lol, lol, lol, lol, lol]"] + [
     f"{b}: &{b} [{', '.join(['*' + a] * 9)}]" for a, b in zip("abcdefgh", "bcdefghi", strict=True)
 ]
-
-
-def one_line_error(result, *parts: str) -> None:
-    """Exit 2, one ``error:`` line, no traceback, naming ``parts`` (a config validation
-    error lists its one problem on the line after ``error: invalid config:``)."""
-    out = result.output
-    assert result.exit_code == 2, out
-    assert "Traceback" not in out and not isinstance(result.exception, AssertionError), out
-    lines = [line for line in out.strip().splitlines() if line.startswith("error: ")]
-    assert len(lines) == 1, out
-    tail = out[out.index(lines[0]) :].strip().splitlines()
-    assert len(tail) <= 2, out  # the error line, and the config problem it introduces
-    for part in parts:
-        assert part in out, (part, out)
-
-
-def invoke(app, args: list[object]):
-    return CliRunner().invoke(app, [str(a) for a in args])
 
 
 @pytest.fixture

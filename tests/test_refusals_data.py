@@ -11,8 +11,8 @@ import shutil
 from pathlib import Path
 
 import pytest
-from test_nothing_lost import cli_args, run_sets
-from test_refusals_config import invoke, one_line_error
+from cli_runs import cli_args, run_sets
+from refusal_checks import invoke, one_line_error
 
 from eagle_train.chat_template import MAX_STEPS, STEPS_PER_MESSAGE
 from eagle_train.cli import prepare_data_app, train_draft_app

@@ -10,10 +10,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from cli_runs import cli_args, run_sets
+from refusal_checks import invoke, one_line_error
 from safetensors.torch import load_file
-from test_nothing_lost import cli_args, no_vllm, run_sets  # noqa: F401 (fixture)
-from test_nothing_lost_2 import trained  # noqa: F401 (fixture)
-from test_refusals_config import invoke, one_line_error
 
 from eagle_train.cli import eval_acceptance_app, export_draft_app, train_draft_app
 
@@ -57,7 +56,7 @@ def test_a_broken_warm_start_drafter(
 ):
     """Before: safetensors' traceback for a cut export; torch's UnpicklingError for a
     pytorch_model.bin holding code (never executed)."""
-    from test_eval_drafter import export_random
+    from exported_drafts import export_random
 
     drafter = export_random(tiny_world, "llama", tmp_path / "drafter")
     weights = drafter / "model.safetensors"
@@ -111,7 +110,7 @@ def test_export_refuses_a_checkpoint_whose_config_disagrees_with_its_tensors(
 ):
     """Before: a checkpoint whose config.yaml says draft_vocab_size 128 while its tensors
     hold 256 rows was exported with contradictory provenance."""
-    from test_nothing_lost_2 import refingerprint
+    from cli_runs import refingerprint
 
     ckpt = tmp_path / "step-0000002"
     shutil.copytree(trained, ckpt)

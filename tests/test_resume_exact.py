@@ -9,45 +9,15 @@ step one micro-batch of 2 takes."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import REPO, draft_vocab_sets
+from resume_runs import Stop, config, repeated_rows_data
 from safetensors.torch import load_file
 
 import eagle_train.train as loop
-from eagle_train.config import load_config
 from eagle_train.metrics import read_metrics
-from eagle_train.run_config import RunConfig
-
-
-class Stop(Exception):
-    pass
-
-
-def config(world: Path, data: Path, out: Path, algorithm: str, *extra: str) -> RunConfig:
-    sets = [
-        f"target.path={world / 'targets' / 'llama' / 'bf16'}",
-        f"data.train={data}",
-        "data.val=null",
-        "data.micro_batch_size=2",
-        "data.max_length=48",
-        "train.grad_accum=2",
-        "train.max_steps=6",
-        "train.save_every=3",
-        "train.keep_last=5",
-        "train.log_every=1",
-        "train.progress=false",
-        "train.tensorboard=false",
-        "optim.warmup_steps=2",
-        f"train.output_dir={out}",
-        *draft_vocab_sets(algorithm),
-        *extra,
-    ]
-    path = REPO / "configs" / "train" / f"{algorithm}-llama-demo.yaml"
-    return load_config(RunConfig, path, sets)
 
 
 def final_draft(out: Path) -> dict[str, torch.Tensor]:
@@ -82,24 +52,6 @@ def test_resumed_run_equals_the_uninterrupted_run_bitwise(
     for step in (4, 5, 6):
         assert resumed[step]["loss"] == steps[step]["loss"]
         assert resumed[step]["lr"] == steps[step]["lr"]
-
-
-def repeated_rows_data(world: Path, out: Path) -> Path:
-    """A prepared dataset whose rows are all the same chat."""
-    from eagle_train.data.config import PrepareDataConfig
-    from eagle_train.data.prepare import prepare_data
-
-    first = json.loads((world / "data" / "train.jsonl").read_text().splitlines()[0])
-    chats = out.parent / "same.jsonl"
-    chats.write_text("".join(json.dumps({**first, "id": f"copy-{i}"}) + "\n" for i in range(8)))
-    sets = [
-        f"inputs=[{chats}]",
-        f"output_dir={out}",
-        f"tokenizer={world / 'targets' / 'llama' / 'bf16'}",
-        "max_length=256",
-    ]
-    prepare_data(load_config(PrepareDataConfig, None, sets))
-    return out
 
 
 def test_accumulated_micro_batches_average(tiny_world: Path, tmp_path: Path) -> None:

@@ -200,7 +200,7 @@ def test_validation_reports_the_sampled_estimate_beside_the_greedy_one(
 ) -> None:
     """train.acceptance.temperature > 0: every validation record carries
     sim_accept_len_sampled (in [1, K+1]) next to sim_accept_len; at 0 it has none."""
-    from test_train import CONFIG, overrides
+    from train_runs import CONFIG, overrides
     from typer.testing import CliRunner
 
     from eagle_train.cli import train_draft_app

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_distributed import finish, launch, train_args
+from distributed_runs import finish, launch, train_args
 
 from eagle_train.metrics import read_metrics
 

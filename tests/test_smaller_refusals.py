@@ -8,7 +8,7 @@ import logging
 from pathlib import Path
 
 import pytest
-from test_nothing_lost import CONFIG, cli_args, run_sets
+from cli_runs import CONFIG, cli_args, run_sets
 from typer.testing import CliRunner
 
 from eagle_train.cli import train_draft_app

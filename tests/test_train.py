@@ -9,6 +9,7 @@ import pytest
 import torch
 from conftest import draft_vocab_sets
 from safetensors.torch import load_file
+from train_runs import CONFIG, overrides
 from typer.testing import CliRunner
 
 from eagle_train.cli import train_draft_app
@@ -18,27 +19,6 @@ from eagle_train.optim import PrecisionError
 from eagle_train.run_config import RunConfig
 
 REPO = Path(__file__).resolve().parents[1]
-CONFIG = REPO / "configs" / "train" / "eagle3-llama-demo.yaml"
-
-
-def overrides(world: Path, data: Path, out: Path, steps: int = 12) -> list[str]:
-    return [
-        f"target.path={world / 'targets' / 'llama' / 'bf16'}",
-        f"data.train={data}",
-        f"data.val={data}",
-        "data.micro_batch_size=4",
-        "data.max_length=128",
-        f"train.output_dir={out}",
-        f"train.max_steps={steps}",
-        "train.log_every=4",
-        "train.val_every=6",
-        "train.val_batches=2",
-        "train.save_every=6",
-        "train.keep_last=1",
-        "train.progress=false",
-        "optim.warmup_steps=2",
-        *draft_vocab_sets("eagle3"),
-    ]
 
 
 def test_cli_trains_logs_and_checkpoints(tiny_world: Path, tiny_llama_data: Path, tmp_path: Path):

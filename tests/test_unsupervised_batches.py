@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_nothing_lost import CONFIG, run_sets
+from cli_runs import CONFIG, run_sets
 
 from eagle_train import train_setup
 from eagle_train.config import load_config

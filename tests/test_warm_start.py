@@ -13,9 +13,9 @@ import pytest
 import torch
 from conftest import REPO
 from draft_cases import has_speculators_format, loss_from_data
+from export_cases import loss_of, perturbed_draft
 from realistic import vocab_ids, vocab_size
 from safetensors.torch import load_file, save_file
-from test_export_roundtrip import loss_of, perturbed_draft
 
 from eagle_train.config import ConfigError, load_config
 from eagle_train.data.vocab import VocabMapping
@@ -271,7 +271,7 @@ def test_train_draft_starts_from_the_drafter(
     """Through the trainer (not warm_start alone): after one AdamW step (lr 1.5e-3 in
     warmup, no weight decay) every weight of the checkpoint is within that lr of the
     drafter's, so the run trained the drafter; a cold start would be far from it."""
-    from test_train import CONFIG, overrides
+    from train_runs import CONFIG, overrides
 
     import eagle_train.train as loop
 
