@@ -108,11 +108,13 @@ def prepare_tiny_data(
 ) -> Path:
     """prepare-data on the tiny world's chats for one target, as a user would run it
     (``num_chats``: its first that many chats only)."""
+    from run_configs import target_path
+
     from eagle_train.config import load_config
     from eagle_train.data.config import PrepareDataConfig
     from eagle_train.data.prepare import prepare_data
 
-    target = world / "targets" / family / "bf16"
+    target = target_path(world, family)
     chats = world / "data" / f"{split}.jsonl"
     if num_chats is not None:
         first = chats.read_text().splitlines(keepends=True)[:num_chats]
@@ -181,13 +183,14 @@ def no_vllm(monkeypatch: pytest.MonkeyPatch) -> None:
 def trained(tiny_world: Path, tiny_llama_data: Path, tmp_path_factory) -> Path:
     """A two-step run: its checkpoint step-0000002."""
     from cli_runs import CONFIG, run_sets
+    from run_configs import target_path
 
     from eagle_train.config import load_config
     from eagle_train.run_config import RunConfig
     from eagle_train.train import train
 
     out = tmp_path_factory.mktemp("lost2") / "run"
-    target = tiny_world / "targets" / "llama" / "bf16"
+    target = target_path(tiny_world)
     sets = run_sets(target, tiny_llama_data, out, "train.max_steps=2")
     train(load_config(RunConfig, CONFIG, sets))
     return out / "checkpoints" / "step-0000002"

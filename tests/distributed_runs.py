@@ -9,6 +9,8 @@ import sys
 import time
 from pathlib import Path
 
+from run_configs import target_path
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -29,7 +31,7 @@ def train_args(
 ) -> list[str]:
     sets = [
         f"train.parallel={parallel}",
-        f"target.path={world / 'targets' / 'llama' / 'bf16'}",
+        f"target.path={target_path(world)}",
         f"data.train={data}",
         "data.val=null",
         f"data.micro_batch_size={micro_batch}",

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from conftest import REPO
+from run_configs import target_path
 
 from eagle_train.config import load_config
 from eagle_train.drafts.registry import get_draft
@@ -14,7 +15,7 @@ from eagle_train.target_model import FrozenTarget
 
 
 def export_random(world: Path, family: str, out: Path) -> Path:
-    target_dir = world / "targets" / family / "bf16"
+    target_dir = target_path(world, family)
     cfg = load_config(
         RunConfig,
         REPO / "configs" / "train" / f"eagle3-{family}-demo.yaml",

@@ -5,13 +5,14 @@ from __future__ import annotations
 from pathlib import Path
 
 from conftest import REPO, draft_vocab_sets
+from run_configs import target_path
 
 
 def run_sets(
     world: Path, data: Path, features: Path | None, out: Path, algo: str = "eagle3", val=None
 ):
     sets = [
-        f"target.path={world / 'targets' / 'llama' / 'bf16'}",
+        f"target.path={target_path(world)}",
         f"data.train={data}",
         f"data.val={val or 'null'}",
         "train.val_every=3",

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 from conftest import REPO, draft_vocab_sets
+from run_configs import target_path
 
 from eagle_train.config import load_config
 from eagle_train.run_config import RunConfig
@@ -18,7 +19,7 @@ class Stop(Exception):
 
 def config(world: Path, data: Path, out: Path, algorithm: str, *extra: str) -> RunConfig:
     sets = [
-        f"target.path={world / 'targets' / 'llama' / 'bf16'}",
+        f"target.path={target_path(world)}",
         f"data.train={data}",
         "data.val=null",
         "data.micro_batch_size=2",
@@ -50,7 +51,7 @@ def repeated_rows_data(world: Path, out: Path) -> Path:
     sets = [
         f"inputs=[{chats}]",
         f"output_dir={out}",
-        f"tokenizer={world / 'targets' / 'llama' / 'bf16'}",
+        f"tokenizer={target_path(world)}",
         "max_length=256",
     ]
     prepare_data(load_config(PrepareDataConfig, None, sets))

@@ -5,13 +5,14 @@ from __future__ import annotations
 from pathlib import Path
 
 from conftest import REPO, draft_vocab_sets
+from run_configs import target_path
 
 CONFIG = REPO / "configs" / "train" / "eagle3-llama-demo.yaml"
 
 
 def overrides(world: Path, data: Path, out: Path, steps: int = 12) -> list[str]:
     return [
-        f"target.path={world / 'targets' / 'llama' / 'bf16'}",
+        f"target.path={target_path(world)}",
         f"data.train={data}",
         f"data.val={data}",
         "data.micro_batch_size=4",

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 from cli_runs import CONFIG, one_line_error, run_sets, train_cli
+from run_configs import target_path
 
 
 def test_a_binary_yaml_config_is_one_line(tmp_path: Path):
@@ -23,7 +24,7 @@ def test_aux_layer_ids_out_of_range_are_refused_before_anything_is_written(
     tiny_world: Path, tiny_llama_data: Path, tmp_path: Path, ids: str
 ):
     """Before: a good message inside a ValueError traceback, raised after the target loaded."""
-    target = tiny_world / "targets" / "llama" / "bf16"
+    target = target_path(tiny_world)
     out = tmp_path / "run"
     sets = run_sets(target, tiny_llama_data, out, f"draft.aux_layer_ids={ids}")
     result = train_cli(CONFIG, sets)

@@ -12,6 +12,7 @@ import pytest
 import torch
 from cli_runs import CONFIG, cli_args, run_sets
 from refusal_checks import invoke, one_line_error
+from run_configs import target_path
 from typer.testing import CliRunner
 
 from eagle_train.cli import (
@@ -142,7 +143,7 @@ def test_prepare_features_flags(flag: str, value: str, named: str, tmp_path: Pat
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a torch that sees no GPU")
 def test_train_device_cuda_without_a_gpu(tiny_world: Path, tiny_llama_data: Path, tmp_path: Path):
     """Before: torch's "Torch not compiled with CUDA enabled" traceback."""
-    target = tiny_world / "targets" / "llama" / "bf16"
+    target = target_path(tiny_world)
     run = tmp_path / "run"
     sets = run_sets(target, tiny_llama_data, run, "train.device=cuda")
     one_line_error(
@@ -176,7 +177,7 @@ def test_resume_past_max_steps_is_refused_and_at_max_steps_says_so(
 ):
     """Before: --resume auto with max_steps below the checkpoint's step exited 0 silently."""
     out = tmp_path / "run"
-    target = tiny_world / "targets" / "llama" / "bf16"
+    target = target_path(tiny_world)
     runner = CliRunner()
     first = runner.invoke(train_draft_app, cli_args(run_sets(target, tiny_llama_data, out)))
     assert first.exit_code == 0, first.output

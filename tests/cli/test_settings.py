@@ -11,6 +11,7 @@ import pytest
 import torch
 import yaml
 from draft_cases import ALGORITHMS, has_field
+from run_configs import target_path
 from transformers import LlamaForCausalLM, Qwen3ForCausalLM
 from typer.testing import CliRunner
 
@@ -211,7 +212,7 @@ def test_dflash_loss_auto_follows_the_training_data(
     # train-draft on the tiny world's original (not regenerated) answers saves its choice
     out = tmp_path / "run"
     sets = [
-        f"target.path={tiny_world / 'targets' / 'llama' / 'bf16'}",
+        f"target.path={target_path(tiny_world)}",
         f"data.train={tiny_llama_data}",
         "data.val=null",
         "data.micro_batch_size=2",

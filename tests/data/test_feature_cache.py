@@ -19,6 +19,7 @@ import torch
 from feature_runs import run_sets
 from old_formats import write_feature_cache_format_1
 from realistic import assert_shapes_like_real_use, vocab_ids
+from run_configs import target_path
 from safetensors import safe_open
 from transformers import AutoModelForCausalLM
 from typer.testing import CliRunner
@@ -95,7 +96,7 @@ def test_cached_greedy_tokens_and_vocabulary_logits_are_transformers_own(
 ):
     # The reference is transformers' own forward of the target (not FrozenTarget): the argmax
     # greedy verification accepts, and the logits of the rows a draft vocabulary asks for.
-    path = wide_world / "targets" / "llama" / "bf16"
+    path = target_path(wide_world)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16).eval()
     head = load_target_head(path, torch.bfloat16, torch.device("cpu")).lm_head()
     ids = vocab_ids(path, 7, seed=3)  # a draft vocabulary's rows, both sides of 32,767
@@ -135,7 +136,7 @@ def test_cached_greedy_tokens_and_vocabulary_logits_are_transformers_own(
 
 
 def test_head_only_target_holds_no_decoder_weights(wide_world):
-    path = wide_world / "targets" / "llama" / "bf16"
+    path = target_path(wide_world)
     head = load_target_head(path, torch.bfloat16, torch.device("cpu"))
     whole = FrozenTarget.from_pretrained(path)
     assert torch.equal(head.lm_head().weight, whole.lm_head().weight)
@@ -175,7 +176,7 @@ def test_refuses_a_cache_for_another_target_layer_set_or_dataset(
     another_dataset(wide_world, few_llama_data, other)
     base = run_sets(wide_world, few_llama_data, cache, tmp_path / "r")
     cases = {
-        "target": ["--set", f"target.path={wide_world / 'targets' / 'llama' / 'fp32'}"],
+        "target": ["--set", f"target.path={target_path(wide_world, 'llama', 'fp32')}"],
         "layer set": ["--set", "draft.aux_layer_ids=[0, 2, 3]"],
         "dataset": ["--set", f"data.train={other}"],
     }
@@ -206,7 +207,7 @@ def another_dataset(world: Path, data: Path, out: Path) -> None:
                 "max_length=256",
                 "regenerate.enabled=false",
             ]
-            + [f"tokenizer={world / 'targets' / 'llama' / 'bf16'}"],
+            + [f"tokenizer={target_path(world)}"],
         )
     )
     ours, theirs = (json.loads((d / "meta.json").read_text()) for d in (data, out))
@@ -251,7 +252,7 @@ def test_kill_9_then_rerun_finishes_with_the_same_bytes(
     assert verify_cache(out / "train") == [] and not list((out / "train").glob(".shard-*"))
     # every row, those written before the kill and after, is the target's own forward of it
     got = FeatureCache(out / "train")
-    whole = FrozenTarget.from_pretrained(wide_world / "targets" / "llama" / "bf16")
+    whole = FrozenTarget.from_pretrained(target_path(wide_world))
     names = ["hidden.1", "hidden.2", "hidden.3", "final"]
     for row, ids in enumerate(PreparedData(few_llama_data).rows["input_ids"]):
         ids = torch.tensor([ids])

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import REPO
+from run_configs import target_path
 
 from eagle_train.config import ConfigError, load_config
 from eagle_train.drafts.registry import get_draft
@@ -86,7 +87,7 @@ FIXTURE = REPO / "tests" / "assets" / "speculators" / "eagle3-llama-tiny"  # aux
 def test_a_warm_start_drafter_must_read_exactly_the_runs_layers(
     held: str, wide_world: Path
 ) -> None:
-    target = FrozenTarget.from_pretrained(wide_world / "targets" / "llama" / "fp32", torch.float32)
+    target = FrozenTarget.from_pretrained(target_path(wide_world, "llama", "fp32"), torch.float32)
     cfg = load_config(
         RunConfig,
         REPO / "configs" / "train" / "eagle3-llama-demo.yaml",

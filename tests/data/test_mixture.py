@@ -14,6 +14,7 @@ import pytest
 import run_configs
 import torch
 from conftest import draft_vocab_sets, prepare_tiny_data
+from run_configs import target_path
 from typer.testing import CliRunner
 
 from eagle_train.cli import train_draft_app
@@ -91,7 +92,7 @@ def test_train_draft_reports_each_sources_share(
     train = f"[{{path: {tiny_llama_data}, weight: 3}}, {{path: {small}, weight: 1}}]"
     args = ["--config", str(CONFIG)]
     for o in [
-        f"target.path={tiny_world / 'targets' / 'llama' / 'bf16'}",
+        f"target.path={target_path(tiny_world)}",
         f"data.train={train}",
         "data.val=null",
         "data.max_length=128",

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import REPO, draft_vocab_sets, prepare_tiny_data
+from run_configs import target_path
 from safetensors.torch import load_file
 from typer.testing import CliRunner
 
@@ -32,7 +33,7 @@ class Stop(Exception):
 
 def sets(world: Path, train: str, out: Path, *extra: str, algo: str = "eagle3") -> list[str]:
     return [
-        f"target.path={world / 'targets' / 'llama' / 'bf16'}",
+        f"target.path={target_path(world)}",
         f"data.train={train}",
         "data.val=null",
         "data.micro_batch_size=8",

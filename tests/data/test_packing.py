@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import REPO, draft_vocab_sets
+from run_configs import target_path
 
 from eagle_train.config import ConfigError, load_config
 from eagle_train.data.loader import Batch, BatchLoader, LoaderState, PreparedData
@@ -37,7 +38,7 @@ MAX_LENGTH = 96
 
 def components(world: Path, data: Path, algorithm: str, *extra: str):
     sets = [
-        f"target.path={world / 'targets' / 'llama' / 'fp32'}",
+        f"target.path={target_path(world, 'llama', 'fp32')}",
         "target.dtype=float32",
         f"data.train={data}",
         "data.val=null",

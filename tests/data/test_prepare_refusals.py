@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 from cli_runs import one_line_error, prepare_cli
+from run_configs import target_path
 from typer.testing import CliRunner
 
 
@@ -32,7 +33,7 @@ def test_an_oversize_jsonl_record_is_refused_before_tokenizing(
             tokenized.append(len(json.dumps(messages))) or real(self, messages, *a)
         ),
     )
-    target = tiny_world / "targets" / "llama" / "bf16"
+    target = target_path(tiny_world)
     args = []
     for s in (f"inputs=[{data}]", f"output_dir={tmp_path / 'out'}", f"tokenizer={target}"):
         args += ["--set", s]
@@ -54,7 +55,7 @@ def test_a_bad_tokenizer_is_one_line(tiny_world: Path, tmp_path: Path):
     )
     (custom / "config.json").write_text(json.dumps({"model_type": "llama"}))
     (custom / "tok.py").write_text("raise SystemExit('custom code ran')\n")
-    typo = tiny_world / "targets" / "llama" / "bf61"
+    typo = target_path(tiny_world, "llama", "bf61")
     for tokenizer, why in [
         (typo, f"tokenizer {typo}: no such directory"),
         (custom, f"tokenizer {custom}: it needs trust_remote_code"),

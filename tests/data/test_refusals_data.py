@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from cli_runs import cli_args, run_sets
 from refusal_checks import invoke, one_line_error
+from run_configs import target_path
 
 from eagle_train.chat_template import MAX_STEPS, STEPS_PER_MESSAGE
 from eagle_train.cli import prepare_data_app, train_draft_app
@@ -31,7 +32,7 @@ LOOPS = "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% 
 def prepare(world: Path, out: Path, *extra: str):
     sets = [
         f"output_dir={out}",
-        f"tokenizer={world / 'targets' / 'llama' / 'bf16'}",
+        f"tokenizer={target_path(world)}",
         "max_length=64",
         *extra,
     ]
@@ -126,7 +127,7 @@ def edit_json(path: Path, change) -> None:
 def test_names_in_a_dataset_stay_inside_it(tiny_world: Path, tiny_llama_data: Path, tmp_path: Path):
     """Before: a meta.json file name ../../etc/passwd made the error print that file's size,
     and a state.json naming an Arrow file elsewhere was trained on silently."""
-    target = tiny_world / "targets" / "llama" / "bf16"
+    target = target_path(tiny_world)
     outside = tmp_path / "outside.arrow"
     for i, (file, change, named) in enumerate(
         [
@@ -166,7 +167,7 @@ def test_a_dataset_rendered_with_another_chat_template(
 ):
     """Before: train-draft trained on rows rendered with any template (meta.json records its
     sha256; nothing compared it)."""
-    target = tiny_world / "targets" / "llama" / "bf16"
+    target = target_path(tiny_world)
     template = target_template(target)
     assert template is not None
     recorded = json.loads((tiny_llama_data / "meta.json").read_text())["chat_template"]["sha256"]

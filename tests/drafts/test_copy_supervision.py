@@ -12,6 +12,7 @@ import pytest
 import torch
 from conftest import draft_vocab_sets
 from realistic import weights
+from run_configs import target_path
 from target_families import family_config
 from torch import Tensor
 from transformers import AutoModelForCausalLM
@@ -219,7 +220,7 @@ def test_cli_trains_a_head_that_attends_where_the_text_repeats(
     from where it starts (about 1/t) within a short run on the demo chats."""
     out = tmp_path / "run"
     sets = [
-        f"target.path={tiny_world / 'targets' / 'llama' / 'bf16'}",
+        f"target.path={target_path(tiny_world)}",
         f"data.train={tiny_llama_data}",
         "data.val=null",
         "data.micro_batch_size=4",

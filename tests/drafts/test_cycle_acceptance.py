@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 from realistic import random_ids
+from run_configs import target_path
 
 from eagle_train.data.loader import Batch
 from eagle_train.drafts.cycles import cycle_counts, cycle_metrics, finish_cycle_metrics
@@ -92,7 +93,7 @@ def test_trained_drafter_validation_figure_is_the_offline_replay(wide_world: Pat
     compute_loss, pooled as validation pools batches) equals estimate_acceptance's replay of
     the same rows, which runs the target and ``propose`` again."""
     target = FrozenTarget.from_pretrained(
-        wide_world / "targets" / "llama" / "fp32", dtype=torch.float32
+        target_path(wide_world, "llama", "fp32"), dtype=torch.float32
     )
     spec, cfg = get_draft("eagle3"), Eagle3Config(aux_layer_ids=[1, 2, 3], ttt_steps=K)
     torch.manual_seed(0)

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from run_configs import target_path
 from vllm_e2e import (
     assert_above_floor,
     assert_counts_match,
@@ -63,7 +64,7 @@ def test_served_in_vllm_lossless_and_accepting(trained: dict, tiny_world: Path) 
     }
     config = json.loads((trained["drafter"] / "config.json").read_text())
     assert config["architectures"] == ["DFlashDraftModel"] and config["block_size"] == BLOCK
-    fp32_target = tiny_world / "targets" / family / "fp32"
+    fp32_target = target_path(tiny_world, family, "fp32")
     prompts = held_out_prompts(tiny_world, family)
     baseline, _ = serve(fp32_target, prompts, None)
     with_draft, counted = serve_counted(fp32_target, prompts, trained["drafter"])
@@ -101,7 +102,7 @@ def test_two_layer_draft_matches_the_offline_estimate(
     cfg = cfg.model_copy(update={"draft": cfg.draft.model_copy(update={"num_layers": 2})})
     state = two_layer_state(state)
     drafter = export_state(state, cfg, tmp_path / "two-layer", {"step": 0})
-    fp32_target = tiny_world / "targets" / family / "fp32"
+    fp32_target = target_path(tiny_world, family, "fp32")
     prompts = held_out_prompts(tiny_world, family)
     baseline, _ = serve(fp32_target, prompts, None)
     with_draft, counted = serve_counted(fp32_target, prompts, drafter)

@@ -39,6 +39,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
+from run_configs import target_path
 from safetensors.torch import load_file
 from torch import nn
 from vllm_e2e import held_out_prompts, rebuilt_draft, serve, train_and_export
@@ -219,7 +220,7 @@ def test_vllm_dspark_drafts_what_the_offline_estimate_counts(
     }
     config = json.loads((trained["drafter"] / "config.json").read_text())
     assert config["architectures"] == ["Qwen3DSparkModel"] and config["block_size"] == BLOCK
-    fp32_target = tiny_world / "targets" / family / "fp32"
+    fp32_target = target_path(tiny_world, family, "fp32")
     prompts = held_out_prompts(tiny_world, family)
     outputs, _ = serve(fp32_target, prompts, None)  # the target alone, in a vLLM engine
     target = FrozenTarget.from_pretrained(fp32_target, dtype=torch.float32)

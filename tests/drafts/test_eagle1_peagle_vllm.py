@@ -16,6 +16,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from run_configs import target_path
 from vllm_e2e import (
     assert_above_floor,
     assert_counts_match,
@@ -49,7 +50,7 @@ def baseline(tiny_world: Path):
     def get(family: str) -> tuple[list[list[int]], list[list[int]]]:
         if family not in cache:
             prompts = held_out_prompts(tiny_world, family)
-            target = tiny_world / "targets" / family / "fp32"
+            target = target_path(tiny_world, family, "fp32")
             cache[family] = prompts, serve(target, prompts, None, K)[0]
         return cache[family]
 
@@ -68,7 +69,7 @@ def trained(request: pytest.FixtureRequest, tiny_world: Path, tmp_path_factory):
 
 def test_served_in_vllm_lossless_and_accepting(trained: dict, baseline, tiny_world: Path):
     family, cfg = trained["family"], trained["cfg"]
-    fp32_target = tiny_world / "targets" / family / "fp32"
+    fp32_target = target_path(tiny_world, family, "fp32")
     prompts, alone = baseline(family)
     with_draft, counted = serve_counted(fp32_target, prompts, trained["drafter"], K)
     al_trained = sum(counted, SpecCounters()).acceptance_length

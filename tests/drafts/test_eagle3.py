@@ -8,6 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from realistic import random_ids
+from run_configs import target_path
 
 from eagle_train.data.loader import Batch
 from eagle_train.drafts.eagle3.config import Eagle3Config
@@ -23,7 +24,7 @@ SPEC = get_draft("eagle3")
 
 @pytest.fixture(scope="module", params=["llama", "qwen3"])
 def target(request: pytest.FixtureRequest, wide_world: Path) -> FrozenTarget:
-    path = wide_world / "targets" / request.param / "fp32"
+    path = target_path(wide_world, request.param, "fp32")
     return FrozenTarget.from_pretrained(path, dtype=torch.float32)
 
 

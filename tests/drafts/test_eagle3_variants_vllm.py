@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from run_configs import target_path
 from vllm_e2e import (
     FLOOR_FRACTION,
     assert_counts_match,
@@ -39,7 +40,7 @@ def test_two_layer_eagle31_served_in_vllm(tiny_world: Path, tmp_path: Path) -> N
         "draft.norm_output=true",
     ]
     trained = train_and_export(tiny_world, "llama", tmp_path, "eagle3", overrides)
-    fp32_target = tiny_world / "targets" / "llama" / "fp32"
+    fp32_target = target_path(tiny_world, "llama", "fp32")
     prompts = held_out_prompts(tiny_world, "llama")
     baseline, _ = serve(fp32_target, prompts, None)
     with_draft, counted = serve_counted(fp32_target, prompts, trained["drafter"], K)

@@ -14,6 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from run_configs import target_path
 from vllm_e2e import (
     assert_above_floor,
     assert_counts_match,
@@ -52,7 +53,7 @@ def trained(request: pytest.FixtureRequest, tiny_world: Path, tmp_path_factory) 
 
 def test_served_in_vllm_lossless_and_accepting(trained: dict, tiny_world: Path) -> None:
     family = trained["family"]
-    fp32_target = tiny_world / "targets" / family / "fp32"
+    fp32_target = target_path(tiny_world, family, "fp32")
     prompts = held_out_prompts(tiny_world, family)
     baseline, _ = serve(fp32_target, prompts, None)
     with_draft, counted = serve_counted(fp32_target, prompts, trained["drafter"], K)

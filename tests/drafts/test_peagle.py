@@ -9,6 +9,7 @@ import pytest
 import torch
 from peagle_drafts import SPEC, build
 from realistic import random_ids
+from run_configs import target_path
 
 from eagle_train.config import load_config
 from eagle_train.data.loader import Batch
@@ -32,7 +33,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 @pytest.fixture(scope="module", params=["llama", "qwen3"])
 def target(request: pytest.FixtureRequest, wide_world: Path) -> FrozenTarget:
-    path = wide_world / "targets" / request.param / "fp32"
+    path = target_path(wide_world, request.param, "fp32")
     return FrozenTarget.from_pretrained(path, dtype=torch.float32)
 
 
@@ -205,7 +206,7 @@ def test_mask_token_id_errors(target: FrozenTarget) -> None:
 
 
 def test_eval_acceptance_serves_it_with_parallel_drafting(wide_world: Path, tmp_path: Path):
-    target_dir = wide_world / "targets" / "llama" / "bf16"
+    target_dir = target_path(wide_world)
     cfg = load_config(
         RunConfig,
         REPO / "configs" / "train" / "peagle-llama-demo.yaml",

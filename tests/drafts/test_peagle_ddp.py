@@ -16,6 +16,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 from optim_helpers import free_port
+from run_configs import target_path
 from torch.nn.parallel import DistributedDataParallel
 
 from eagle_train.data.loader import Batch
@@ -84,7 +85,7 @@ def _worker(rank: int, port: int, target_dir: str, out: str) -> None:
 
 @pytest.mark.distributed
 def test_parts_under_ddp_equal_the_mean_one_pass_gradient(tiny_world: Path, tmp_path: Path):
-    target_dir = str(tiny_world / "targets" / "llama" / "fp32")
+    target_dir = str(target_path(tiny_world, "llama", "fp32"))
     out = str(tmp_path / "grads.pt")
     mp.spawn(_worker, args=(free_port(), target_dir, out), nprocs=WORLD, join=True)
     target, cfg, draft = _setup(target_dir)

@@ -12,6 +12,7 @@ import pytest
 import torch
 from conftest import REPO
 from peagle_drafts import build
+from run_configs import target_path
 
 from eagle_train.config import ConfigError, load_config
 from eagle_train.drafts.peagle.sampling import Elements
@@ -28,7 +29,7 @@ def test_aux_features_and_mask_hidden_pass_the_norms_before_fc(
     tiny_world: Path, norm_before_fc: bool, fc_norm: bool
 ) -> None:
     target = FrozenTarget.from_pretrained(
-        tiny_world / "targets" / "llama" / "fp32", dtype=torch.float32
+        target_path(tiny_world, "llama", "fp32"), dtype=torch.float32
     )
     _, draft = build(target, norm_before_fc=norm_before_fc, fc_norm=fc_norm)
     eps, n = draft.shape.rms_norm_eps, 3

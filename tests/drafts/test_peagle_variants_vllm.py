@@ -17,6 +17,7 @@ import json
 from pathlib import Path
 
 import pytest
+from run_configs import target_path
 from vllm_e2e import (
     FLOOR_FRACTION,
     assert_counts_match,
@@ -48,7 +49,7 @@ def test_peagle_eagle31_served_in_vllm(tiny_world: Path, tmp_path: Path) -> None
     trained = train_and_export(tiny_world, "llama", tmp_path, "peagle", overrides)
     config = json.loads((trained["drafter"] / "config.json").read_text())
     assert config["norm_before_fc"] is True and config["fc_norm"] is True
-    fp32_target = tiny_world / "targets" / "llama" / "fp32"
+    fp32_target = target_path(tiny_world, "llama", "fp32")
     prompts = held_out_prompts(tiny_world, "llama")
     baseline, _ = serve(fp32_target, prompts, None)
     with_draft, counters = serve_counted(fp32_target, prompts, trained["drafter"], K)

@@ -12,6 +12,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 from realistic import random_ids
+from run_configs import target_path
 from torch import nn
 
 from eagle_train.data.loader import Batch
@@ -157,7 +158,7 @@ def test_greedy_limit_is_the_drafts_own_greedy_estimate(wide_world: Path) -> Non
     """At a temperature near 0 the target's distribution is one-hot at its argmax, so the
     sampled estimate over propose() must be EAGLE-3's own sim_accept_len (a misaligned
     position or step would break it), and at temperature 1 it is a different number."""
-    path = wide_world / "targets" / "llama" / "fp32"
+    path = target_path(wide_world, "llama", "fp32")
     target = FrozenTarget.from_pretrained(path, dtype=torch.float32)
     spec, cfg = get_draft("eagle3"), Eagle3Config(aux_layer_ids=[1, 2, 3], ttt_steps=3)
     torch.manual_seed(0)

@@ -15,6 +15,7 @@ from conftest import REPO
 from draft_cases import has_speculators_format, loss_from_data
 from export_cases import loss_of, perturbed_draft
 from realistic import vocab_ids, vocab_size
+from run_configs import target_path
 from safetensors.torch import load_file, save_file
 
 from eagle_train.config import ConfigError, load_config
@@ -50,7 +51,7 @@ CASES = [(a, layout) for a in DRAFTS for layout in layouts(a)]
 
 @pytest.fixture(scope="module")
 def llama(wide_world: Path) -> FrozenTarget:
-    return FrozenTarget.from_pretrained(wide_world / "targets" / "llama" / "fp32", torch.float32)
+    return FrozenTarget.from_pretrained(target_path(wide_world, "llama", "fp32"), torch.float32)
 
 
 def run_config(algorithm: str, target: FrozenTarget, *overrides: str) -> RunConfig:
@@ -252,7 +253,7 @@ def test_a_drafter_with_a_layer_no_setting_trains_says_so(
 
 def test_a_drafter_for_another_target_is_refused(wide_world: Path, tmp_path: Path) -> None:
     """The fixture's vocabulary (the world's) against a target with another one."""
-    qwen = FrozenTarget.from_pretrained(wide_world / "targets" / "qwen3" / "fp32", torch.float32)
+    qwen = FrozenTarget.from_pretrained(target_path(wide_world, "qwen3", "fp32"), torch.float32)
     bad = tmp_path / "bad"
     shutil.copytree(FIXTURE, bad)
     config = json.loads((bad / "config.json").read_text())
@@ -278,7 +279,7 @@ def test_train_draft_starts_from_the_drafter(
     out = tmp_path / "warm"
     sets = [
         *overrides(wide_world, few_llama_data, out, steps=1),
-        f"target.path={wide_world / 'targets' / 'llama' / 'fp32'}",
+        f"target.path={target_path(wide_world, 'llama', 'fp32')}",
         "target.dtype=float32",
         "data.val=null",
         "draft.draft_vocab_size=null",  # the drafter's own 128-token vocabulary

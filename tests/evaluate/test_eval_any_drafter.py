@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from run_configs import target_path
 
 from eagle_train.drafts.layouts import read_layout
 from eagle_train.evaluate.drafter import DrafterError, inspect_drafter
@@ -67,7 +68,7 @@ K_GIVEN = {"safeailab-eagle1": 2, "safeailab-eagle3": 2}
 
 
 def llama(world: Path) -> Path:
-    return world / "targets" / "llama" / "bf16"
+    return target_path(world)
 
 
 @pytest.mark.parametrize("name", sorted(GOLDEN))
@@ -166,7 +167,7 @@ def test_eagle3_without_aux_layer_ids_on_a_shallow_target(wide_world: Path, tmp_
 def test_drafter_for_another_target_is_refused_or_overridden(wide_world: Path) -> None:
     """The qwen3 tiny target has the same vocabulary and sizes as the llama one the
     speculators drafter names: refused in one line, measured with allow_other_target."""
-    qwen3 = wide_world / "targets" / "qwen3" / "bf16"
+    qwen3 = target_path(wide_world, "qwen3")
     desc = load_target_description(qwen3)
     path = GOLDEN["speculators-eagle3"][0]
     with pytest.raises(DrafterError) as refused:

@@ -11,6 +11,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+from run_configs import target_path
 from transformers import AutoTokenizer
 from typer.testing import CliRunner
 
@@ -46,7 +47,7 @@ def digest(folder: Path) -> dict[str, str]:
 def test_every_layout_measured_beside_our_export(wide_world: Path, tmp_path: Path) -> None:
     from exported_drafts import export_random
 
-    target = wide_world / "targets" / "llama" / "fp32"
+    target = target_path(wide_world, "llama", "fp32")
     ours = export_random(wide_world, "llama", tmp_path / "ours")
     card = ours / "README.md"
     card.write_text(card.read_text() + "\n## My notes\n\nkept as written\n")

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 from exported_drafts import export_random
+from run_configs import target_path
 from safetensors.torch import load_file, save_file
 from typer.testing import CliRunner
 
@@ -37,7 +38,7 @@ def test_missing_tensor(tiny_world: Path, tmp_path: Path, no_vllm: None) -> None
     tensors = load_file(str(drafter / "model.safetensors"))
     del tensors["layers.0.hidden_norm.weight"]
     save_file(tensors, str(drafter / "model.safetensors"))
-    result = run_cli(tiny_world / "targets" / "llama" / "bf16", drafter, tmp_path)
+    result = run_cli(target_path(tiny_world), drafter, tmp_path)
     assert result.exit_code == 2
     assert "missing tensor layers.0.hidden_norm.weight" in result.output
     assert str(drafter) in result.output
@@ -48,7 +49,7 @@ def test_drafter_for_another_target(tiny_world: Path, tmp_path: Path, no_vllm: N
     config = json.loads((drafter / "config.json").read_text())
     config["target_hidden_size"] = 2 * config["target_hidden_size"]
     (drafter / "config.json").write_text(json.dumps(config))
-    result = run_cli(tiny_world / "targets" / "llama" / "bf16", drafter, tmp_path)
+    result = run_cli(target_path(tiny_world), drafter, tmp_path)
     assert result.exit_code == 2
     assert "target_hidden_size 128 != the target's hidden size 64" in result.output
 
@@ -61,14 +62,14 @@ def test_unknown_method(tiny_world: Path, tmp_path: Path, no_vllm: None) -> None
         del config[key]
     config["architectures"] = ["MysteryDrafter"]
     (drafter / "config.json").write_text(json.dumps(config))
-    result = run_cli(tiny_world / "targets" / "llama" / "bf16", drafter, tmp_path)
+    result = run_cli(target_path(tiny_world), drafter, tmp_path)
     assert result.exit_code == 2
     assert "unknown drafter method" in result.output and "MysteryDrafter" in result.output
 
 
 def test_missing_directory_files(tmp_path: Path, tiny_world: Path, no_vllm: None) -> None:
     (tmp_path / "empty").mkdir()
-    result = run_cli(tiny_world / "targets" / "llama" / "bf16", tmp_path / "empty", tmp_path)
+    result = run_cli(target_path(tiny_world), tmp_path / "empty", tmp_path)
     assert result.exit_code == 2 and "missing config.json" in result.output
 
 
@@ -77,9 +78,7 @@ def test_a_good_drafter_passes_the_checks(tiny_world: Path, tmp_path: Path) -> N
     from eagle_train.target_model import load_target_description
 
     drafter = export_random(tiny_world, "qwen3", tmp_path / "d")
-    info = inspect_drafter(
-        drafter, load_target_description(tiny_world / "targets" / "qwen3" / "bf16")
-    )
+    info = inspect_drafter(drafter, load_target_description(target_path(tiny_world, "qwen3")))
     assert info.speculative_config() == {
         "method": "eagle3",
         "model": str(drafter),

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from run_configs import target_path
 from typer.testing import CliRunner
 
 
@@ -22,7 +23,7 @@ def test_eval_names_a_truncated_drafter(tiny_world: Path, tmp_path: Path, no_vll
     drafter = export_random(tiny_world, "llama", tmp_path / "d")
     weights = drafter / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
-    result = evaluate(tiny_world / "targets" / "llama" / "bf16", drafter, tmp_path / "eval")
+    result = evaluate(target_path(tiny_world), drafter, tmp_path / "eval")
     assert result.exit_code == 2, result.output
     assert f"{weights}: not a readable safetensors file" in result.output
     assert not (tmp_path / "eval").exists()
@@ -32,7 +33,7 @@ def test_eval_out_onto_an_earlier_evaluation(tiny_world: Path, tmp_path: Path, n
     """Before: --out wrote into any directory, over an earlier evaluation's files."""
     from exported_drafts import export_random
 
-    target = tiny_world / "targets" / "llama" / "bf16"
+    target = target_path(tiny_world)
     drafter = export_random(tiny_world, "llama", tmp_path / "d")
     earlier = tmp_path / "eval"
     earlier.mkdir()

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from run_configs import target_path
 from typer.testing import CliRunner
 
 from eagle_train.cli import app
@@ -309,7 +310,7 @@ def test_eval_acceptance_at_temperature_serves_every_request_greedily_too(
         return process
 
     monkeypatch.setattr(harness, "_open", fake_open)
-    target = tiny_world / "targets" / "llama" / "fp32"
+    target = target_path(tiny_world, "llama", "fp32")
     sets = [f"target={target}", "drafters=[ngram]", "num_prompts=3", "temperature=0.7"]
     run = harness.run_eval(load_config(EvalSettings, None, sets))
     assert run.greedy is not None and run.greedy.greedy is None

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from run_configs import target_path
 
 from eagle_train.config import load_config
 from eagle_train.data.vocab import build_vocab_mapping
@@ -27,7 +28,7 @@ NEW = 16
 
 
 def _export(tiny_world: Path, out: Path) -> Path:
-    target_dir = tiny_world / "targets" / "llama" / "fp32"
+    target_dir = target_path(tiny_world, "llama", "fp32")
     cfg = load_config(
         RunConfig,
         REPO / "configs" / "train" / "eagle3-llama-demo.yaml",
@@ -52,7 +53,7 @@ def runs(tiny_world: Path, tmp_path_factory: pytest.TempPathFactory) -> dict:
 
     def settings(seed: int, drafters: list[Path], beside_greedy: bool = False) -> EvalSettings:
         return EvalSettings(
-            target=tiny_world / "targets" / "llama" / "fp32",
+            target=target_path(tiny_world, "llama", "fp32"),
             drafters=drafters,
             prompts=str(tiny_world / "data" / "val.jsonl"),
             num_prompts=3,

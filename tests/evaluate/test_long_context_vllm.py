@@ -10,6 +10,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+from run_configs import target_path
 
 from eagle_train.demo.long_context import LongContextConfig, build_long_context
 from eagle_train.evaluate.harness import run_eval
@@ -21,7 +22,7 @@ pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
 def test_long_prompts_are_reported_by_context_bucket(tiny_world: Path, tmp_path: Path) -> None:
     target = tmp_path / "target"
-    shutil.copytree(tiny_world / "targets" / "llama" / "bf16", target)
+    shutil.copytree(target_path(tiny_world), target)
     config = json.loads((target / "config.json").read_text())
     config["max_position_embeddings"] = 4096
     (target / "config.json").write_text(json.dumps(config))

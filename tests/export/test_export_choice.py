@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from conftest import draft_vocab_sets
+from run_configs import target_path
 from typer.testing import CliRunner
 
 from eagle_train.checkpoint import STATE_FILE
@@ -28,7 +29,7 @@ def run(tiny_world: Path, tiny_llama_data: Path, tmp_path_factory: pytest.TempPa
 
     out = tmp_path_factory.mktemp("export-choice") / "run"
     overrides = [
-        f"target.path={tiny_world / 'targets' / 'llama' / 'bf16'}",
+        f"target.path={target_path(tiny_world)}",
         f"data.train={tiny_llama_data}",
         "data.val=null",
         "data.micro_batch_size=2",

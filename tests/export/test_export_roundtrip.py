@@ -12,6 +12,7 @@ import torch
 from conftest import REPO
 from draft_cases import ALGORITHMS, loss_from_data
 from export_cases import loss_of, perturbed_draft
+from run_configs import target_path
 from safetensors.torch import load_file
 
 from eagle_train.config import load_config
@@ -23,7 +24,7 @@ from eagle_train.target_model import FrozenTarget
 
 @pytest.fixture(scope="module", params=["llama", "qwen3"])
 def family_target(request: pytest.FixtureRequest, tiny_world: Path) -> tuple[str, FrozenTarget]:
-    path = tiny_world / "targets" / request.param / "fp32"
+    path = target_path(tiny_world, request.param, "fp32")
     return request.param, FrozenTarget.from_pretrained(path, dtype=torch.float32)
 
 

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from cli_runs import CONFIG, export_cli, one_line_error, prepare_cli, run_sets, snapshot, train_cli
+from run_configs import target_path
 from typer.testing import CliRunner
 
 from eagle_train import train as train_module
@@ -22,7 +23,7 @@ from eagle_train.train import train
 
 
 def _target(world: Path) -> Path:
-    return world / "targets" / "llama" / "bf16"
+    return target_path(world)
 
 
 @pytest.mark.parametrize(

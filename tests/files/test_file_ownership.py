@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 from cli_runs import cli_args, one_line_error, run_sets
+from run_configs import target_path
 from typer.testing import CliRunner
 
 from eagle_train.cli import (
@@ -139,7 +140,7 @@ def prepare_sets(world: Path, out: Path) -> list[str]:
     return [
         f"inputs=[{world / 'data' / 'val.jsonl'}]",
         f"output_dir={out}",
-        f"tokenizer={world / 'targets' / 'llama' / 'bf16'}",
+        f"tokenizer={target_path(world)}",
         "max_length=256",
         "overwrite=true",
     ]
@@ -165,7 +166,7 @@ def test_prepare_features_never_writes_into_its_inputs(
     was accepted; a later prepare-data onto that dataset deleted the whole cache."""
     data = tmp_path / "data"
     shutil.copytree(tiny_llama_data, data)
-    target = tiny_world / "targets" / "llama" / "bf16"
+    target = target_path(tiny_world)
     link = tmp_path / "link-to-data"
     link.symlink_to(data)
     a_file = tmp_path / "file.bin"
@@ -222,7 +223,7 @@ def test_eval_report_keeps_a_note(tiny_world: Path, tmp_path: Path, no_vllm: Non
     report = tmp_path / "report"
     write_owned(report, {"summary.json": b"{}", "per_prompt.jsonl": b""}, "eval-acceptance")
     notes, before = with_notes(report)
-    target = tiny_world / "targets" / "llama" / "bf16"
+    target = target_path(tiny_world)
     args = ["--target", target, "--draft", "ngram", "--out", report, "--overwrite"]
     result = invoke(eval_acceptance_app, args)
     one_line_error(result, f"--out {report} holds NOTES.txt, which eval-acceptance did not write")
@@ -267,7 +268,7 @@ def test_train_draft_keeps_a_note_in_its_output_dir(
     run = tmp_path / "run"
     run.mkdir()
     notes, before = with_notes(run)
-    target = tiny_world / "targets" / "llama" / "bf16"
+    target = target_path(tiny_world)
     result = invoke(train_draft_app, cli_args(run_sets(target, tiny_llama_data, run)))
     one_line_error(result, f"train.output_dir {run} holds NOTES.txt, which train-draft did not")
     assert digest(notes) == before
@@ -329,7 +330,7 @@ def test_a_failed_single_file_write_leaves_nothing(tmp_path: Path):
 def synthesize_sets(world: Path, out: Path, prompts: Path, overwrite: bool) -> list[str]:
     return [
         f"output_dir={out}",
-        f"tokenizer={world / 'targets' / 'llama' / 'bf16'}",
+        f"tokenizer={target_path(world)}",
         "synthesize.enabled=true",
         "regenerate.enabled=true",
         f"synthesize.output_path={prompts}",

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from cli_runs import CONFIG, export_cli, one_line_error, prepare_cli, run_sets, snapshot, train_cli
 from feature_runs import run_sets as feature_args
+from run_configs import target_path
 from safetensors.torch import load_file
 from tmpfs import tmpfs
 from typer.testing import CliRunner
@@ -43,7 +44,7 @@ def test_a_full_disk_in_prepare_data_keeps_the_earlier_output(tiny_world: Path, 
     """The disk fills while a second prepare-data (overwrite=true) writes its temporary:
     one line naming output_dir, exit 2, the earlier dataset byte-identical, no temporary."""
     data = tiny_world / "data" / "train.jsonl"
-    target = tiny_world / "targets" / "llama" / "bf16"
+    target = target_path(tiny_world)
     earlier = tmp_path / "earlier"
     sets = [f"inputs=[{data}]", f"tokenizer={target}", "max_length=256"]
     assert prepare_cli(*sets, f"output_dir={earlier}").exit_code == 0
@@ -131,7 +132,7 @@ def test_a_full_disk_in_prepare_data_names_the_output(
 
     monkeypatch.setattr(store.ExampleWriter, "finish", full)
     data = tiny_world / "data" / "train.jsonl"
-    target = tiny_world / "targets" / "llama" / "bf16"
+    target = target_path(tiny_world)
     out = tmp_path / "out"
     result = prepare_cli(f"inputs=[{data}]", f"output_dir={out}", f"tokenizer={target}")
     one_line_error(result, f"{out}: no space left on device while writing the prepared data")
@@ -152,7 +153,7 @@ def test_a_really_full_disk_while_saving_the_optimizer_state(
     inline_container.cc] unexpected pos ...`` (no errno), a traceback, not the one line the
     ENOSPC path gives."""
     out = small_disk / "run"
-    target = tiny_world / "targets" / "llama" / "bf16"
+    target = target_path(tiny_world)
     result = train_cli(CONFIG, run_sets(target, tiny_llama_data, out, "train.max_steps=2"))
     final = out / "checkpoints" / "step-0000002"
     one_line_error(result, f"no space left on device while writing {final}", "is none")

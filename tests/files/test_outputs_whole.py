@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 from cli_runs import CONFIG, _Payload, cli_args, run_sets
+from run_configs import target_path
 from typer.testing import CliRunner
 
 from eagle_train.checkpoint import CheckpointError, checkpoint_problems, load_for_resume
@@ -195,7 +196,7 @@ def test_an_unset_output_dir_does_not_train_into_the_current_directory(
     """Before: ``--set train.output_dir=$OUT`` with $OUT unset trained into the current
     directory (config.yaml, metrics.jsonl, checkpoints/ among the user's files)."""
     monkeypatch.chdir(tmp_path)
-    target = tiny_world / "targets" / "llama" / "bf16"
+    target = target_path(tiny_world)
     result = CliRunner().invoke(train_draft_app, cli_args(run_sets(target, tiny_llama_data, "")))
     assert result.exit_code == 2, result.output
     assert "train.output_dir is empty" in result.output
@@ -222,7 +223,7 @@ def test_a_full_disk_during_a_checkpoint(
 
     monkeypatch.setattr(torch, "save", full_disk)
     out = tmp_path / "run"
-    target = tiny_world / "targets" / "llama" / "bf16"
+    target = target_path(tiny_world)
     result = CliRunner().invoke(train_draft_app, cli_args(run_sets(target, tiny_llama_data, out)))
     assert result.exit_code == 2, result.output
     first = out / "checkpoints" / "step-0000002"
@@ -271,7 +272,7 @@ def test_a_read_only_output_directory(tiny_world: Path, tiny_llama_data: Path, t
     else:
         out.rmdir()
         pytest.skip("/sys is writable here")
-    target = tiny_world / "targets" / "llama" / "bf16"
+    target = target_path(tiny_world)
     result = CliRunner().invoke(train_draft_app, cli_args(run_sets(target, tiny_llama_data, out)))
     assert result.exit_code == 2, result.output
     assert f"train.output_dir {out}: cannot create it" in result.output

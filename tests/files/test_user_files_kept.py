@@ -20,6 +20,7 @@ from cli_runs import (
     snapshot,
     train_cli,
 )
+from run_configs import target_path
 
 from eagle_train.config import load_config
 from eagle_train.ownership import RECORD
@@ -40,7 +41,7 @@ def test_the_config_passed_to_c_inside_the_output_dir_is_never_rewritten(
     user_config.write_bytes(b"# my experiment: lr sweep notes\n" + CONFIG.read_bytes())
     (exp / "metrics.jsonl").write_text('{"split": "train", "step": 1, "loss": 9}\n')
     before = snapshot(exp)
-    target = tiny_world / "targets" / "llama" / "bf16"
+    target = target_path(tiny_world)
     result = train_cli(user_config, run_sets(target, tiny_llama_data, exp))
     one_line_error(result, f"train.output_dir {exp} holds config.yaml (not written by")
     assert snapshot(exp) == before
@@ -51,7 +52,7 @@ def test_a_user_file_in_a_run_dir_or_an_input_as_output_is_refused(
 ):
     """Before: train-draft wrote config.yaml, metrics.jsonl and checkpoints/ into any
     directory: the dataset's, the target's, or one holding the user's notes."""
-    target = tiny_world / "targets" / "llama" / "bf16"
+    target = target_path(tiny_world)
     notes = tmp_path / "notes"
     notes.mkdir()
     (notes / "thesis.tex").write_text("years of work")
@@ -121,7 +122,7 @@ def test_a_run_with_its_drafter_exported_inside_resumes(
     out = tmp_path / "run"
     shutil.copytree(trained.parent.parent, out)
     assert export_cli(out / "checkpoints" / "step-0000002", out / "drafter").exit_code == 0
-    target = tiny_world / "targets" / "llama" / "bf16"
+    target = target_path(tiny_world)
     sets = run_sets(target, tiny_llama_data, out, "train.max_steps=3")
     result = train_cli(CONFIG, [*sets, "train.resume=auto"])
     assert result.exit_code == 0, result.output
@@ -148,7 +149,7 @@ def test_resume_auto_survives_a_torn_metrics_line(
     assert complete.count(b"\n") == 1  # step 2, the last
     torn = b'{"split": "train", "step": 3, "loss": 4.1'
     metrics.write_bytes(complete + torn)
-    target = tiny_world / "targets" / "llama" / "bf16"
+    target = target_path(tiny_world)
     sets = run_sets(target, tiny_llama_data, out, "train.max_steps=3")
     with caplog.at_level(logging.WARNING, logger="eagle_train.metrics"):
         result = train_cli(CONFIG, [*sets, "train.resume=auto"])
@@ -231,7 +232,7 @@ def test_a_corrupt_checkpoint_file_is_named_at_resume(
     data[100:164] = bytes(64)
     optimizer.write_bytes(bytes(data))
     before = snapshot(ckpt)
-    target = tiny_world / "targets" / "llama" / "bf16"
+    target = target_path(tiny_world)
     sets = run_sets(target, tiny_llama_data, tmp_path / "run", f"train.resume={ckpt}")
     result = train_cli(CONFIG, sets)
     one_line_error(result, f"cannot resume from {ckpt}: {optimizer}: sha256 differs")
@@ -275,7 +276,7 @@ def test_a_crafted_pickle_or_a_bad_header_in_a_checkpoint_is_one_line(
     import torch
     from cli_runs import _Payload
 
-    target = tiny_world / "targets" / "llama" / "bf16"
+    target = target_path(tiny_world)
     marker = tmp_path / "payload-ran"
     ckpt = copy_checkpoint(trained, tmp_path / "pickle")
     torch.save({"state": {}, "evil": _Payload(marker)}, ckpt / "optimizer.pt")
@@ -300,7 +301,7 @@ def test_a_symlinked_checkpoint_is_not_rotated(
     kept = copy_checkpoint(trained, tmp_path / "mine")
     (out / "checkpoints" / "step-0000001").symlink_to(kept, target_is_directory=True)
     before = snapshot(kept)
-    target = tiny_world / "targets" / "llama" / "bf16"
+    target = target_path(tiny_world)
     sets = run_sets(target, tiny_llama_data, out, "train.max_steps=3", "train.keep_last=1")
     result = train_cli(CONFIG, [*sets, "train.resume=auto"])
     assert result.exit_code == 0, result.output

@@ -12,6 +12,7 @@ import pytest
 import torch
 from cli_runs import cli_args, run_sets
 from refusal_checks import invoke, one_line_error
+from run_configs import target_path
 from safetensors.torch import load_file
 
 from eagle_train.cli import eval_acceptance_app, export_draft_app, train_draft_app
@@ -19,7 +20,7 @@ from eagle_train.cli import eval_acceptance_app, export_draft_app, train_draft_a
 
 def target_copy(world: Path, tmp_path: Path, name: str = "target") -> Path:
     out = tmp_path / name
-    shutil.copytree(world / "targets" / "llama" / "bf16", out)
+    shutil.copytree(target_path(world), out)
     return out
 
 
@@ -73,7 +74,7 @@ def test_a_broken_warm_start_drafter(
         weights.unlink()
         named = "pytorch_model.bin: not a plain tensor file (refused unpickling"
     run = tmp_path / "run"
-    target = tiny_world / "targets" / "llama" / "bf16"
+    target = target_path(tiny_world)
     sets = run_sets(target, tiny_llama_data, run, f"draft.init_from={drafter}")
     result = invoke(train_draft_app, cli_args(sets))
     one_line_error(result, f"draft.init_from {drafter}: {named}")
@@ -97,7 +98,7 @@ def test_a_damaged_feature_cache_manifest(
     (cache / "train" / "identity.json").write_text(json.dumps({"format_version": 1}))
     (cache / "train" / "manifest.json").write_text(manifest)
     run = tmp_path / "run"
-    target = tiny_world / "targets" / "llama" / "bf16"
+    target = target_path(tiny_world)
     sets = run_sets(target, tiny_llama_data, run, f"data.features={cache}")
     one_line_error(invoke(train_draft_app, cli_args(sets)), named)
     assert not run.exists()
@@ -138,7 +139,7 @@ def test_resuming_a_checkpoint_with_another_target(
 ):
     """Before: a Llama run resumed with the Qwen3 target (same vocabulary and hidden size)
     was torch's "Missing optimizer state" traceback."""
-    qwen = tiny_world / "targets" / "qwen3" / "bf16"
+    qwen = target_path(tiny_world, "qwen3")
     run = tmp_path / "run"
     sets = run_sets(qwen, tiny_llama_data, run, "train.max_steps=3")
     result = invoke(train_draft_app, cli_args(sets, "--resume", str(trained)))

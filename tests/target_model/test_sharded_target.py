@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 from distributed_runs import finish, launch, train_args
+from run_configs import target_path
 
 from eagle_train.metrics import read_metrics
 
@@ -19,7 +20,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def test_sharded_target_features_equal_the_whole_targets(tiny_world: Path, tmp_path: Path):
-    target = tiny_world / "targets" / "llama" / "bf16"
+    target = target_path(tiny_world)
     cmd = [
         sys.executable,
         "-m",

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 from cli_runs import cli_args, run_sets
+from run_configs import target_path
 from typer.testing import CliRunner
 
 from eagle_train.cli import train_draft_app
@@ -41,7 +42,7 @@ def test_a_truncated_prepared_dataset_is_named(
 ):
     """Before: a pyarrow / safetensors traceback."""
     victim = damaged_data(tiny_llama_data, tmp_path, name)
-    target = tiny_world / "targets" / "llama" / "bf16"
+    target = target_path(tiny_world)
     sets = run_sets(target, victim.parent, tmp_path / "run")
     result = CliRunner().invoke(train_draft_app, cli_args(sets))
     assert result.exit_code == 2, result.output
@@ -50,7 +51,7 @@ def test_a_truncated_prepared_dataset_is_named(
 
 def test_fewer_rows_than_one_batch(tiny_world: Path, tiny_llama_data: Path, tmp_path: Path):
     """Before: a ValueError traceback from the loader."""
-    target = tiny_world / "targets" / "llama" / "bf16"
+    target = target_path(tiny_world)
     sets = run_sets(target, tiny_llama_data, tmp_path / "run", "data.micro_batch_size=100000")
     result = CliRunner().invoke(train_draft_app, cli_args(sets))
     assert result.exit_code == 2, result.output

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import draft_vocab_sets
+from run_configs import target_path
 from typer.testing import CliRunner
 
 from eagle_train.cli import export_draft_app, prepare_features_app, train_draft_app
@@ -33,7 +34,7 @@ CONTEXT = 4096
 def long_world(wide_world: Path, tmp_path_factory: pytest.TempPathFactory) -> dict:
     root = tmp_path_factory.mktemp("long_rows")
     target = root / "target"
-    shutil.copytree(wide_world / "targets" / "llama" / "bf16", target)
+    shutil.copytree(target_path(wide_world), target)
     config = json.loads((target / "config.json").read_text())
     config["max_position_embeddings"] = CONTEXT
     (target / "config.json").write_text(json.dumps(config))
@@ -125,7 +126,7 @@ def test_long_rows_train_online_and_from_the_cache_then_export(
 def test_a_row_longer_than_the_targets_context_is_refused(
     long_world: dict, wide_world: Path, tmp_path: Path
 ) -> None:
-    short = wide_world / "targets" / "llama" / "bf16"  # max_position_embeddings 512
+    short = target_path(wide_world)  # max_position_embeddings 512
     args = _args(long_world, tmp_path / "run", "eagle3", f"target.path={short}")
     result = CliRunner().invoke(train_draft_app, args)
     assert result.exit_code == 2

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from run_configs import cli_args, run_sets
+from run_configs import cli_args, run_sets, target_path
 
 from eagle_train.drafts.registry import get_draft
 from eagle_train.drafts.vocab_loss import CHUNK_ELEMENTS
@@ -65,7 +65,7 @@ def test_loss_chunk_and_optimizer_by_hand() -> None:
 def test_eagle3_spec_states_tokens_times_ttt_steps(tiny_world: Path) -> None:
     spec = get_draft("eagle3")
     cfg = spec.config_cls(aux_layer_ids=[1, 2, 3], ttt_steps=5)
-    desc = load_target_description(tiny_world / "targets" / "llama" / "bf16")
+    desc = load_target_description(target_path(tiny_world))
     acts = spec.activations(cfg, desc, tokens=300, rows=2)
     assert (acts.units, acts.num_layers, acts.first_input, acts.per_token) == (1500, 1, 128, 192)
     assert acts.layer == TINY

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import draft_vocab_sets
+from run_configs import target_path
 from safetensors.torch import load_file
 from train_runs import CONFIG, overrides
 from typer.testing import CliRunner
@@ -185,7 +186,7 @@ def test_loop_backpropagates_each_segment_of_a_partitioned_draft(
     finals = {}
     for segments in (1, 4):
         sets = [
-            f"target.path={tiny_world / 'targets' / 'llama' / 'fp32'}",
+            f"target.path={target_path(tiny_world, 'llama', 'fp32')}",
             "target.dtype=float32",
             f"data.train={tiny_llama_data}",
             "data.val=null",

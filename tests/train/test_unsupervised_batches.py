@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 from cli_runs import CONFIG, run_sets
+from run_configs import target_path
 
 from eagle_train import train_setup
 from eagle_train.config import load_config
@@ -71,7 +72,7 @@ def test_unsupervised_micro_batches_are_left_out_of_the_averages(
     )
     out = tmp_path / "run"
     sets = run_sets(
-        tiny_world / "targets" / "llama" / "bf16", tiny_llama_data, out,
+        target_path(tiny_world), tiny_llama_data, out,
         f"data.val={tiny_llama_data}", "train.val_batches=2", "train.val_every=1",
         "train.grad_accum=2", "train.log_every=1", "train.max_steps=2",
     )  # fmt: skip
