@@ -199,7 +199,7 @@ def trained(tiny_world: Path, tiny_llama_data: Path, tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def cache(wide_world: Path, few_llama_data: Path, tmp_path_factory) -> Path:
     """A feature cache of the training split alone, in 1 MiB shards."""
-    from feature_runs import run_sets as feature_sets
+    from feature_runs import feature_run_args as feature_sets
     from typer.testing import CliRunner
 
     from eagle_train.cli import prepare_features_app

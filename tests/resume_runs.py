@@ -6,8 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from conftest import REPO, draft_vocab_sets
-from run_configs import target_path
+from run_configs import run_config, target_path
 
 from eagle_train.config import load_config
 from eagle_train.run_config import RunConfig
@@ -18,10 +17,10 @@ class Stop(Exception):
 
 
 def config(world: Path, data: Path, out: Path, algorithm: str, *extra: str) -> RunConfig:
-    sets = [
-        f"target.path={target_path(world)}",
-        f"data.train={data}",
-        "data.val=null",
+    return run_config(
+        world,
+        data,
+        out,
         "data.micro_batch_size=2",
         "data.max_length=48",
         "train.grad_accum=2",
@@ -29,15 +28,10 @@ def config(world: Path, data: Path, out: Path, algorithm: str, *extra: str) -> R
         "train.save_every=3",
         "train.keep_last=5",
         "train.log_every=1",
-        "train.progress=false",
-        "train.tensorboard=false",
         "optim.warmup_steps=2",
-        f"train.output_dir={out}",
-        *draft_vocab_sets(algorithm),
         *extra,
-    ]
-    path = REPO / "configs" / "train" / f"{algorithm}-llama-demo.yaml"
-    return load_config(RunConfig, path, sets)
+        algo=algorithm,
+    )
 
 
 def repeated_rows_data(world: Path, out: Path) -> Path:

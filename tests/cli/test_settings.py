@@ -11,7 +11,7 @@ import pytest
 import torch
 import yaml
 from draft_cases import ALGORITHMS, has_field
-from run_configs import target_path
+from run_configs import cli_args, run_sets
 from transformers import LlamaForCausalLM, Qwen3ForCausalLM
 from typer.testing import CliRunner
 
@@ -211,20 +211,18 @@ def test_dflash_loss_auto_follows_the_training_data(
     assert with_data_defaults(eagle3, {"regeneration": None}) == eagle3
     # train-draft on the tiny world's original (not regenerated) answers saves its choice
     out = tmp_path / "run"
-    sets = [
-        f"target.path={target_path(tiny_world)}",
-        f"data.train={tiny_llama_data}",
-        "data.val=null",
+    sets = run_sets(
+        tiny_world,
+        tiny_llama_data,
+        out,
         "data.micro_batch_size=2",
         "data.max_length=64",
         "draft.num_anchors=4",
-        f"train.output_dir={out}",
         "train.max_steps=1",
         "train.save_every=1",
-        "train.progress=false",
-        "train.tensorboard=false",
-    ]
-    args = ["-c", str(path), *[x for s in sets for x in ("--set", s)]]
+        algo="dflash",
+    )
+    args = cli_args(sets, "dflash")
     result = CliRunner().invoke(train_draft_app, args)
     assert result.exit_code == 0, result.output
     assert yaml.safe_load((out / "config.yaml").read_text())["draft"]["loss"] == "forward_kl"

@@ -14,7 +14,7 @@ from cli_runs import (
     one_line_error,
     snapshot,
 )
-from feature_runs import run_sets as feature_sets
+from feature_runs import feature_run_args as feature_sets
 from typer.testing import CliRunner
 
 from eagle_train.cli import train_draft_app

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from feature_runs import run_sets
+from feature_runs import feature_run_args as run_sets
 from old_formats import write_feature_cache_format_1
 from realistic import assert_shapes_like_real_use, vocab_ids
 from run_configs import target_path

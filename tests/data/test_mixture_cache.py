@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import REPO, draft_vocab_sets, prepare_tiny_data
-from run_configs import target_path
+from conftest import REPO, prepare_tiny_data
+from run_configs import run_sets
 from safetensors.torch import load_file
 from typer.testing import CliRunner
 
@@ -32,22 +32,19 @@ class Stop(Exception):
 
 
 def sets(world: Path, train: str, out: Path, *extra: str, algo: str = "eagle3") -> list[str]:
-    return [
-        f"target.path={target_path(world)}",
-        f"data.train={train}",
-        "data.val=null",
+    return run_sets(
+        world,
+        train,
+        out,
         "data.micro_batch_size=8",
         "data.max_length=64",
-        f"train.output_dir={out}",
         "train.max_steps=4",
         "train.log_every=1",
         "train.save_every=4",
-        "train.progress=false",
-        "train.tensorboard=false",
         "optim.warmup_steps=2",
-        *draft_vocab_sets(algo),
         *extra,
-    ]
+        algo=algo,
+    )
 
 
 def demo(algo: str) -> Path:

@@ -10,9 +10,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import draft_vocab_sets
 from realistic import weights
-from run_configs import target_path
+from run_configs import cli_args, run_sets
 from target_families import family_config
 from torch import Tensor
 from transformers import AutoModelForCausalLM
@@ -219,28 +218,21 @@ def test_cli_trains_a_head_that_attends_where_the_text_repeats(
     """With copy supervision the head's attention on the matching keys rises several-fold
     from where it starts (about 1/t) within a short run on the demo chats."""
     out = tmp_path / "run"
-    sets = [
-        f"target.path={target_path(tiny_world)}",
-        f"data.train={tiny_llama_data}",
-        "data.val=null",
+    sets = run_sets(
+        tiny_world,
+        tiny_llama_data,
+        out,
         "data.micro_batch_size=4",
         "data.max_length=128",
-        f"train.output_dir={out}",
         "train.max_steps=60",
         "train.log_every=4",
         "train.save_every=60",
-        "train.progress=false",
-        "train.tensorboard=false",
         "optim.warmup_steps=2",
         "draft.copy_supervision=1.0",
         "draft.copy_steps=2",
         "optim.lr=0.01",
-        *draft_vocab_sets("eagle3"),
-    ]
-    args = ["--config", str(REPO / "configs" / "train" / "eagle3-llama-demo.yaml")]
-    for s in sets:
-        args += ["--set", s]
-    result = CliRunner().invoke(train_draft_app, args)
+    )
+    result = CliRunner().invoke(train_draft_app, cli_args(sets))
     assert result.exit_code == 0, result.output
     train = read_metrics(out / "metrics.jsonl", "train")
     for name in ("copy_attention", "copy_attention_1"):  # steps 0 and 1

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import draft_vocab_sets
 from draft_cases import ALGORITHMS, has_field
+from run_configs import run_config
 from safetensors.torch import load_file
 from transformers import LlamaForCausalLM, Qwen3ForCausalLM
 from typer.testing import CliRunner
@@ -146,19 +146,14 @@ def test_unexpected_tensor_is_reported() -> None:
 def test_export_from_checkpoint_cli(tiny_world: Path, tiny_llama_data: Path, tmp_path: Path):
     from eagle_train.train import train
 
-    overrides = [
-        f"target.path={tiny_world / 'targets' / 'llama' / 'bf16'}",
-        f"data.train={tiny_llama_data}",
-        "data.val=null",
+    cfg = run_config(
+        tiny_world,
+        tiny_llama_data,
+        tmp_path / "run",
         "data.micro_batch_size=2",
         "data.max_length=64",
-        f"train.output_dir={tmp_path / 'run'}",
         "train.max_steps=2",
-        "train.progress=false",
-        "train.tensorboard=false",
-        *draft_vocab_sets("eagle3"),
-    ]
-    cfg = load_config(RunConfig, REPO / "configs" / "train" / "eagle3-llama-demo.yaml", overrides)
+    )
     ckpt = train(cfg).last_checkpoint
     out = tmp_path / "drafter"
     result = CliRunner().invoke(export_draft_app, [str(ckpt), str(out)])

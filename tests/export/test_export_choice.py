@@ -10,14 +10,11 @@ import shutil
 from pathlib import Path
 
 import pytest
-from conftest import draft_vocab_sets
-from run_configs import target_path
+from run_configs import run_config
 from typer.testing import CliRunner
 
 from eagle_train.checkpoint import STATE_FILE
 from eagle_train.cli import export_draft_app
-from eagle_train.config import load_config
-from eagle_train.run_config import RunConfig
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -28,21 +25,16 @@ def run(tiny_world: Path, tiny_llama_data: Path, tmp_path_factory: pytest.TempPa
     from eagle_train.train import train
 
     out = tmp_path_factory.mktemp("export-choice") / "run"
-    overrides = [
-        f"target.path={target_path(tiny_world)}",
-        f"data.train={tiny_llama_data}",
-        "data.val=null",
+    cfg = run_config(
+        tiny_world,
+        tiny_llama_data,
+        out,
         "data.micro_batch_size=2",
         "data.max_length=64",
-        f"train.output_dir={out}",
         "train.max_steps=3",
         "train.save_every=1",
         "train.keep_last=3",
-        "train.progress=false",
-        "train.tensorboard=false",
-        *draft_vocab_sets("eagle3"),
-    ]
-    cfg = load_config(RunConfig, REPO / "configs" / "train" / "eagle3-llama-demo.yaml", overrides)
+    )
     train(cfg)
     return out
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 from cli_runs import CONFIG, export_cli, one_line_error, prepare_cli, run_sets, snapshot, train_cli
-from feature_runs import run_sets as feature_args
+from feature_runs import feature_run_args as feature_args
 from run_configs import target_path
 from safetensors.torch import load_file
 from tmpfs import tmpfs

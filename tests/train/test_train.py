@@ -7,8 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import draft_vocab_sets
-from run_configs import target_path
+from run_configs import run_config
 from safetensors.torch import load_file
 from train_runs import CONFIG, overrides
 from typer.testing import CliRunner
@@ -185,23 +184,20 @@ def test_loop_backpropagates_each_segment_of_a_partitioned_draft(
     monkeypatch.setattr(loop, "loss_parts", counting)
     finals = {}
     for segments in (1, 4):
-        sets = [
-            f"target.path={target_path(tiny_world, 'llama', 'fp32')}",
+        cfg = run_config(
+            tiny_world,
+            tiny_llama_data,
+            tmp_path / str(segments),
             "target.dtype=float32",
-            f"data.train={tiny_llama_data}",
-            "data.val=null",
             "data.micro_batch_size=2",
             "data.max_length=64",
             "train.max_steps=4",
             "train.log_every=1",
-            "train.progress=false",
-            "train.tensorboard=false",
             "draft.mask_token_id=3",
             f"draft.num_segments={segments}",
-            *draft_vocab_sets("peagle"),
-            f"train.output_dir={tmp_path / str(segments)}",
-        ]
-        cfg = load_config(RunConfig, REPO / "configs" / "train" / "peagle-llama-demo.yaml", sets)
+            algo="peagle",
+            dtype="fp32",
+        )
         loop.train(cfg)
         losses = [r["loss"] for r in read_metrics(tmp_path / str(segments) / "metrics.jsonl")]
         weights = load_file(
