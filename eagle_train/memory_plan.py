@@ -14,6 +14,10 @@ The pre-flight of ``train-draft`` (``train_setup.check_memory``) adds up, per ra
   values also repeated to every query head), the attention output and its log-sum-exp, the
   MLP's gate, up and product, the residual, the final norm and the loss's head-input
   gradient; plus what is kept once per token (the target's features the draft reads);
+- the target head's rows the loss reads the target's logits from (``target_head_bytes``):
+  their copy when the draft scores a subset of the vocabulary, and on CPU the fp32 copy of
+  a half-precision head that the matmul uses (``target_model.frozen.matmul_weight``), made
+  once per step;
 - the loss's transient (``loss_chunk_bytes``): a chunk of [rows, vocabulary] fp32 tensors,
   ``LOSS_CHUNK_TENSORS`` of them alive at once (drafts/vocab_loss.py);
 - the target's forward over the micro-batch when it runs online (one layer's working set).
@@ -107,6 +111,14 @@ def loss_chunk_bytes(rows: int, vocab: int, chunk_elements: int) -> int:
     """The loss's working set: one chunk of at most ``chunk_elements`` [rows, vocabulary]
     elements, ``LOSS_CHUNK_TENSORS`` fp32 tensors of it at once."""
     return min(rows * vocab, chunk_elements) * FP32 * LOSS_CHUNK_TENSORS
+
+
+def target_head_bytes(scored: int, hidden: int, act: int, subset: bool, upcast: bool) -> int:
+    """The target head's ``scored`` rows as the loss uses them in a step: indexed out of the
+    head (a copy in its dtype, ``act`` bytes) when ``subset``, and in fp32 when ``upcast``
+    (a half-precision head on CPU). Counted for every draft, though a DFlash run on
+    ``hard_ce`` never reads the target's logits (an over-count of at most one fp32 head)."""
+    return scored * hidden * ((act if subset else 0) + (FP32 if upcast else 0))
 
 
 def optimizer_bytes(trainable: int, storage: int, fp32_masters: bool) -> int:

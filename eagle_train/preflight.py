@@ -20,6 +20,7 @@ from eagle_train.drafts.base import DraftSpec
 from eagle_train.drafts.vocab_loss import CHUNK_ELEMENTS, CUDA_CHUNK_ELEMENTS
 from eagle_train.errors import UserError
 from eagle_train.memory_plan import (
+    FP32,
     GIB,
     LayerShape,
     MemoryPlan,
@@ -29,6 +30,7 @@ from eagle_train.memory_plan import (
     loss_chunk_bytes,
     optimizer_bytes,
     target_forward_bytes,
+    target_head_bytes,
 )
 from eagle_train.parallel import DistEnv, any_rank
 from eagle_train.run_config import RunConfig
@@ -113,6 +115,13 @@ def plan_memory(
             "target features": tokens * num_features * desc.hidden_size * act_t,
             "target forward": forward,
             "activations": activation_bytes(acts, tokens, storage),
+            "target head": target_head_bytes(
+                scored,
+                desc.hidden_size,
+                act_t,
+                subset=scored < desc.vocab_size,
+                upcast=env.device.type == "cpu" and act_t < FP32,
+            ),
             "loss chunk": loss_chunk_bytes(acts.units, scored, chunk),
         },
         held=HELD,

@@ -88,6 +88,7 @@ def summarize(run: EvalRun) -> dict[str, Any]:
         }
     summary = {
         "target": str(run.settings.target),
+        "dtype": run.settings.dtype,
         "prompts": run.settings.prompts,
         "turns": run.settings.turns,
         "sampling": {
@@ -235,7 +236,7 @@ def to_markdown(summary: dict[str, Any], title: str = "Acceptance length") -> st
         rates = ", ".join(f"{r:.3f}" for r in d["overall"]["per_position_rate"])
         lines += ["", f"Per-position acceptance rate: {rates}", ""]
         lines += markdown_lines(d.get("context", []))
-        lines += _speed_lines(d)
+        lines += _speed_lines(d, summary.get("dtype"))
     lines += [METRICS_LEGEND, ""]
     for p in summary["paired"]:
         lines.append(
@@ -316,7 +317,7 @@ METRICS_LEGEND = (
 )
 
 
-def _speed_lines(d: dict[str, Any]) -> list[str]:
+def _speed_lines(d: dict[str, Any], dtype: str | None) -> list[str]:
     lines = []
     sp = d.get("speedup") or {}
     if sp.get("median") is not None:
@@ -329,10 +330,9 @@ def _speed_lines(d: dict[str, Any]) -> list[str]:
             lines.append(f"**MEASUREMENT FAULT**: {sp['fault_reason']}")
     eq = d.get("greedy_equal_to_target")
     if eq is not None:
+        why = "" if eq["equal"] == eq["requests"] else _why_greedy_differs(dtype)
         lines.append(
-            f"Greedy outputs equal to the target alone's: {eq['equal']} of {eq['requests']} "
-            "(bf16 logits tie often, and multi-token verification accumulates differently "
-            "from one-token decoding)"
+            f"Greedy outputs equal to the target alone's: {eq['equal']} of {eq['requests']}{why}"
         )
     if d.get("reproducible") is not None:
         lines.append(
@@ -342,6 +342,19 @@ def _speed_lines(d: dict[str, Any]) -> list[str]:
             + ("the same tokens" if d["reproducible"] else "**different tokens**")
         )
     return lines + [""] if lines else []
+
+
+def _why_greedy_differs(dtype: str | None) -> str:
+    """Why a greedy output with drafts can differ from the target alone's, in ``dtype``."""
+    if dtype in ("bfloat16", "float16"):
+        return (
+            f" ({dtype} logits tie often, and multi-token verification accumulates "
+            "differently from one-token decoding)"
+        )
+    return (
+        " (verifying several tokens at once sums in another order than one-token decoding, "
+        "which can flip a near-tie)"
+    )
 
 
 def check_report_dir(

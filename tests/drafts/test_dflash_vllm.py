@@ -4,7 +4,7 @@ Per target family, with the shipped 1-layer demo config (blocks of 8, served wit
 num_speculative_tokens = 7 read from the export): greedy output with the drafter equals the
 target alone (fp32 target); the trained drafter's acceptance length, read from vLLM's
 counters, keeps 90% of the one measured on the unmutated code (MEASURED;
-vllm_e2e.FLOOR_FRACTION: a 15% loss fails, the margin is 10% of the AL, 0.26 and 0.21 here,
+vllm_e2e.FLOOR_FRACTION: a 15% loss fails, the margin is 10% of the AL, 0.28 and 0.23 here,
 over one argmax flip of a block, <= ~0.15) - random-init drafters serve at 1.00-1.01; and the
 project's offline estimate (``spec.propose``: one block anchored at each next token) agrees
 with vLLM, also for a two-layer draft (context injected into every layer, residual stream
@@ -41,9 +41,9 @@ from eagle_train.target_model import FrozenTarget
 
 pytestmark = pytest.mark.vllm
 BLOCK = 8  # configs/train/dflash-*-demo.yaml
-# vLLM AL of the trained drafter per family, measured 2026-11-30 on 2 CPU cores (this file
-# run once, unmutated; random-init drafters: 1.000 llama, 1.014 qwen3).
-MEASURED = {"llama": 2.550, "qwen3": 2.108}
+# vLLM AL of the trained drafter per family, measured 2026-12-08 on 2 CPU cores (this file
+# run once, unmutated, trained against the fp32 target; random-init drafters: 1.000 llama, 1.014 qwen3).
+MEASURED = {"llama": 2.784, "qwen3": 2.303}
 
 
 @pytest.fixture(scope="module", params=["llama", "qwen3"])
@@ -51,7 +51,7 @@ def trained(request: pytest.FixtureRequest, tiny_world: Path, tmp_path_factory) 
     family = request.param
     root = tmp_path_factory.mktemp(f"dflash-{family}")
     overrides = ["train.max_steps=600", "optim.lr=6e-3"]
-    return train_and_export(tiny_world, family, root, "dflash", overrides)
+    return train_and_export(tiny_world, family, root, "dflash", overrides, dtype="fp32")
 
 
 def test_served_in_vllm_lossless_and_accepting(trained: dict, tiny_world: Path) -> None:
@@ -109,8 +109,8 @@ def test_two_layer_draft_matches_the_offline_estimate(
     al = sum(counted, SpecCounters()).acceptance_length
     assert with_draft == baseline
     target = FrozenTarget.from_pretrained(fp32_target, dtype=torch.float32)
-    bf16 = {k: v.to(torch.bfloat16) for k, v in state.items()}
-    spec, draft = rebuilt_draft(cfg, bf16, target)
+    assert cfg.target.dtype == "float32"  # trained on the fp32 target: the export ships these
+    spec, draft = rebuilt_draft(cfg, state, target)
     offline = estimate_acceptance(spec, draft, cfg.draft, target, prompts, baseline, BLOCK - 1)
     # the second layer changes proposals, so agreeing with vLLM means vLLM ran it too
     one_cfg, one_state, _ = load_draft_checkpoint(trained["checkpoint"])

@@ -83,7 +83,7 @@ def trained(request: pytest.FixtureRequest, tiny_world: Path, tmp_path_factory) 
     family = request.param
     root = tmp_path_factory.mktemp(f"dspark-{family}")
     overrides = ["train.max_steps=400", "optim.lr=6e-3", "draft.markov_rank=16"]
-    return train_and_export(tiny_world, family, root, "dspark", overrides)
+    return train_and_export(tiny_world, family, root, "dspark", overrides, dtype="fp32")
 
 
 class BlockAttention(nn.Module):
@@ -225,8 +225,10 @@ def test_vllm_dspark_drafts_what_the_offline_estimate_counts(
     outputs, _ = serve(fp32_target, prompts, None)  # the target alone, in a vLLM engine
     target = FrozenTarget.from_pretrained(fp32_target, dtype=torch.float32)
     cfg, state, _ = load_draft_checkpoint(trained["checkpoint"])
-    bf16 = {k: v.to(torch.bfloat16) for k, v in state.items()}  # what the export ships
-    spec, draft = rebuilt_draft(cfg, bf16, target)
+    # trained against the fp32 target, the export ships the checkpoint's weights as they are
+    shipped = load_file(str(trained["drafter"] / "model.safetensors")).values()
+    assert {t.dtype for t in shipped if t.is_floating_point()} == {torch.float32}
+    spec, draft = rebuilt_draft(cfg, state, target)
     layer_ids = spec.target_layer_ids(cfg.draft, target.description)
     offline = estimate_acceptance(spec, draft, cfg.draft, target, prompts, outputs, BLOCK)
 

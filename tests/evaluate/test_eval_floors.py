@@ -62,4 +62,12 @@ def test_turns_and_greedy_equality():
     text = to_markdown(summarize(run))
     (row,) = [line for line in text.splitlines() if line.startswith("| turn 1 |")]
     assert row.split(" | ")[4] == "1.600"  # the AL-over-drafted-steps column
-    assert "Greedy outputs equal to the target alone's: 2 of 3" in text
+    assert "Greedy outputs equal to the target alone's: 2 of 3 (bfloat16 logits tie" in text
+    # an fp32 run names no bf16 ties; all equal: nothing to explain
+    fp32 = EvalRun(settings=settings.model_copy(update={"dtype": "float32"}), drafters=[ngram])
+    fp32.records = run.records
+    text = to_markdown(summarize(fp32))
+    assert "2 of 3 (verifying several tokens at once" in text and "bfloat16" not in text
+    fp32.records = [r for r in run.records if r["output"] != [8, 8]]
+    fp32.records += [_record("ngram", 1, 2, 2, 0, [8, 9])]
+    assert "target alone's: 3 of 3\n" in to_markdown(summarize(fp32))

@@ -8,12 +8,15 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
+import torch
 from run_configs import cli_args, run_sets, target_path
+from torch import nn
 
 from eagle_train.drafts.registry import get_draft
-from eagle_train.drafts.vocab_loss import CHUNK_ELEMENTS
+from eagle_train.drafts.vocab_loss import CHUNK_ELEMENTS, TargetHead
 from eagle_train.memory_plan import (
     ACTIVATION_MARGIN,
     LOSS_CHUNK_TENSORS,
@@ -22,6 +25,7 @@ from eagle_train.memory_plan import (
     activation_bytes,
     loss_chunk_bytes,
     optimizer_bytes,
+    target_head_bytes,
     unit_bytes,
 )
 from eagle_train.target_model.description import load_target_description
@@ -60,6 +64,24 @@ def test_loss_chunk_and_optimizer_by_hand() -> None:
     assert optimizer_bytes(1000, 2, True) == 12_000
     assert optimizer_bytes(1000, 4, True) == 8_000
     assert optimizer_bytes(1000, 2, False) == 4_000
+
+
+def test_the_target_head_part_is_what_a_step_copies() -> None:
+    """A bf16 head of 33,024 rows on CPU: the tensors a step makes beside the loaded head
+    (the draft vocabulary's rows, their fp32 copy for the matmul) have the plan's bytes; the
+    full vocabulary makes only the fp32 copy."""
+    vocab, hidden, draft_vocab = 33_024, 64, 4_000
+    head = nn.Linear(hidden, vocab, bias=False).to(torch.bfloat16)
+    features = SimpleNamespace(head=head, final=torch.randn(2, 7, hidden).to(torch.bfloat16))
+    ids = torch.randperm(vocab)[:draft_vocab]
+    for subset, scored in ((None, vocab), (ids, draft_vocab)):
+        target = TargetHead.of(features, subset)  # type: ignore[arg-type]
+        rows = target.rows(torch.tensor([0, 1, 1]), torch.tensor([6, 0, 3]))
+        made = {t.data_ptr(): t for t in (target.weight, rows.weight)}
+        made.pop(head.weight.data_ptr(), None)
+        copied = sum(t.numel() * t.element_size() for t in made.values())
+        expected = target_head_bytes(scored, hidden, 2, subset=subset is not None, upcast=True)
+        assert copied == expected == scored * hidden * (4 + (2 if subset is not None else 0))
 
 
 def test_eagle3_spec_states_tokens_times_ttt_steps(tiny_world: Path) -> None:
@@ -150,3 +172,4 @@ def test_the_estimate_is_logged_and_the_check_can_be_skipped(
     proc = _train_draft(sets)
     assert proc.returncode == 0, proc.stderr
     assert "memory: about" in proc.stderr and "at the peak per rank" in proc.stderr
+    assert "target head 0.00 GiB" in proc.stderr  # the draft vocabulary's rows, in fp32 too
