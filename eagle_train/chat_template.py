@@ -7,7 +7,7 @@ steps. This module compiles a template in the same environment (the same options
 ``tojson`` filter, ``raise_exception`` and ``strftime_now``, the ``{% generation %}`` tag)
 and renders it with the same variables (the tokenizer's special tokens, then the caller's
 keyword arguments, then ``messages``, ``tools``, ``documents`` and ``add_generation_prompt``),
-so the text is the same (``tests/test_chat_template.py`` compares it with
+so the text is the same (``tests/data/test_chat_template.py`` compares it with
 ``apply_chat_template`` on every shipped template). Each rendering counts its steps: every
 loop iteration, every item of a ``range``, every call (``CALL_STEPS``; a macro recursing is
 calls), every item a ``*`` repeats and every machine word of a ``**``'s integer result; past ``MAX_STEPS`` plus ``STEPS_PER_MESSAGE`` per message it stops

@@ -22,7 +22,7 @@ The pre-flight of ``train-draft`` (``train_setup.check_memory``) adds up, per ra
   ``LOSS_CHUNK_TENSORS`` of them alive at once (drafts/vocab_loss.py);
 - the target's forward over the micro-batch when it runs online (one layer's working set).
 
-Measured against it (``tests/test_memory_plan.py``): one training step at the tiny world's
+Measured against it (``tests/train/test_memory_plan.py``): one training step at the tiny world's
 shape stays below the estimate, and the estimate is within 2x of it. Pure arithmetic on
 plain numbers: it imports nothing of the package.
 """

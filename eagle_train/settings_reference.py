@@ -139,7 +139,7 @@ def to_markdown(commands: dict[str, type[BaseModel]]) -> str:
         "Every setting of every command that takes `--config FILE.yaml` and `--set key=value`,",
         "with its type, default and meaning, as the schemas themselves describe them (the",
         "docstring under each field). Written by `eagle-train settings --markdown >",
-        "docs/settings.md`; `tests/test_settings_reference.py` fails when it is out of date.",
+        "docs/settings.md`; `tests/cli/test_settings_reference.py` fails when it is out of date.",
         "`eagle-train settings [SECTION] --command C` prints the same in a terminal, and",
         "`--print-config` on any of these commands prints a run's fully resolved config.",
     ]

@@ -108,11 +108,13 @@ def prepare_tiny_data(
 ) -> Path:
     """prepare-data on the tiny world's chats for one target, as a user would run it
     (``num_chats``: its first that many chats only)."""
+    from run_configs import target_path
+
     from eagle_train.config import load_config
     from eagle_train.data.config import PrepareDataConfig
     from eagle_train.data.prepare import prepare_data
 
-    target = world / "targets" / family / "bf16"
+    target = target_path(world, family)
     chats = world / "data" / f"{split}.jsonl"
     if num_chats is not None:
         first = chats.read_text().splitlines(keepends=True)[:num_chats]
@@ -160,3 +162,50 @@ def few_llama_data(wide_world: Path, tmp_path_factory: pytest.TempPathFactory) -
     (original answers): the data of the tests that build a feature cache."""
     out = tmp_path_factory.mktemp("data") / f"wide-llama-train-{FEW_CHATS}"
     return prepare_tiny_data(wide_world, "llama", "train", out, False, num_chats=FEW_CHATS)
+
+
+# --- fixtures several areas' tests share ------------------------------------------------------
+
+
+@pytest.fixture
+def no_vllm(monkeypatch: pytest.MonkeyPatch) -> None:
+    """eval-acceptance must refuse before it starts an engine: starting one fails the test."""
+    import eagle_train.evaluate.harness as harness
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("vLLM must not start")
+
+    monkeypatch.setattr(harness, "VllmEngine", refuse)
+    monkeypatch.setattr(harness, "_open", refuse)  # engines in their own processes
+
+
+@pytest.fixture(scope="module")
+def trained(tiny_world: Path, tiny_llama_data: Path, tmp_path_factory) -> Path:
+    """A two-step run: its checkpoint step-0000002."""
+    from cli_runs import CONFIG, run_sets
+    from run_configs import target_path
+
+    from eagle_train.config import load_config
+    from eagle_train.run_config import RunConfig
+    from eagle_train.train import train
+
+    out = tmp_path_factory.mktemp("lost2") / "run"
+    target = target_path(tiny_world)
+    sets = run_sets(target, tiny_llama_data, out, "train.max_steps=2")
+    train(load_config(RunConfig, CONFIG, sets))
+    return out / "checkpoints" / "step-0000002"
+
+
+@pytest.fixture(scope="module")
+def cache(wide_world: Path, few_llama_data: Path, tmp_path_factory) -> Path:
+    """A feature cache of the training split alone, in 1 MiB shards."""
+    from feature_runs import feature_run_args as feature_sets
+    from typer.testing import CliRunner
+
+    from eagle_train.cli import prepare_features_app
+
+    out = tmp_path_factory.mktemp("features2") / "llama"
+    args = feature_sets(wide_world, few_llama_data, out, out.parent / "unused")
+    result = CliRunner().invoke(prepare_features_app, [*args, "--shard-mib", "1"])
+    assert result.exit_code == 0, result.output
+    return out

@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 from conftest import prepare_tiny_data
-from run_configs import run_config
+from run_configs import run_config, target_path
 from transformers import AutoTokenizer
 
 from eagle_train.checkpoint import load_draft_checkpoint
@@ -104,7 +104,7 @@ def assert_above_floor(case: str, al_trained: float, al_random: float, measured:
 
 
 def held_out_prompts(world: Path, family: str) -> list[list[int]]:
-    tok = AutoTokenizer.from_pretrained(world / "targets" / family / "fp32")
+    tok = AutoTokenizer.from_pretrained(target_path(world, family, "fp32"))
     chats = [json.loads(line) for line in (world / "data" / "val.jsonl").read_text().splitlines()]
     return [
         tok.apply_chat_template(

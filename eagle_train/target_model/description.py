@@ -27,7 +27,7 @@ Capability = Literal["last_hidden_state", "aux_hidden_states"]
 _BOTH: tuple[Capability, ...] = ("last_hidden_state", "aux_hidden_states")
 
 # vLLM 0.32's target architectures and the interfaces their classes implement (read from
-# vllm/model_executor/models/*.py; tests/test_target_description.py checks this table
+# vllm/model_executor/models/*.py; tests/target_model/test_target_description.py checks this table
 # against the installed vLLM). An architecture not listed here is served with neither.
 VLLM_CAPABILITIES: MappingProxyType[str, tuple[Capability, ...]] = MappingProxyType(
     {
