@@ -116,8 +116,8 @@ def loss_chunk_bytes(rows: int, vocab: int, chunk_elements: int) -> int:
 def target_head_bytes(scored: int, hidden: int, act: int, subset: bool, upcast: bool) -> int:
     """The target head's ``scored`` rows as the loss uses them in a step: indexed out of the
     head (a copy in its dtype, ``act`` bytes) when ``subset``, and in fp32 when ``upcast``
-    (a half-precision head on CPU). Counted for every draft, though a DFlash run on
-    ``hard_ce`` never reads the target's logits (an over-count of at most one fp32 head)."""
+    (a half-precision head on CPU). Counted for every draft, though a draft trained on
+    ``hard_ce`` alone never reads the target's logits (an over-count of at most one fp32 head)."""
     return scored * hidden * ((act if subset else 0) + (FP32 if upcast else 0))
 
 
