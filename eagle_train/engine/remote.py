@@ -50,12 +50,21 @@ def _serve(
             if close is not None:
                 close()
             conn.send(("ok", None))
-            return
+            _exit_now()
         method, call_args = message
         try:
             conn.send(("ok", getattr(obj, method)(*call_args)))
         except Exception:
             conn.send(("error", traceback.format_exc()))
+
+
+def _exit_now() -> None:
+    """End the worker once its object is closed and the reply sent, without the interpreter's
+    teardown: with torch and vLLM loaded that took 2.6 s a process on 2 CPU cores, and it
+    holds nothing to save (what the object wrote, it closed)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 @contextmanager

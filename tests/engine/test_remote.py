@@ -25,6 +25,30 @@ time.sleep(600)
 """
 
 
+class Journal:
+    """An object that holds a file open until it is closed (as an engine holds its own)."""
+
+    def __init__(self, path: str) -> None:
+        self.file = open(path, "w")  # noqa: SIM115 (closed by close)
+
+    def note(self, text: str) -> None:
+        self.file.write(text)
+
+    def close(self) -> None:
+        self.file.write(" closed")
+        self.file.close()
+
+
+def test_a_closed_worker_exits_at_once_after_closing_its_object(tmp_path) -> None:
+    """The worker skips the interpreter's teardown once its object is closed: it exits 0
+    by the time close() returns, and what the object wrote up to its close() is whole."""
+    journal = tmp_path / "journal.txt"
+    with Remote(Journal, str(journal)) as remote:
+        remote.call("note", "a note")
+    assert remote.proc.exitcode == 0
+    assert journal.read_text() == "a note closed"
+
+
 def test_calls_run_in_the_worker() -> None:
     with Remote(dict, [("a", 1)]) as remote:
         assert remote.call("get", "a") == 1
