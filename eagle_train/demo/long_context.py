@@ -176,7 +176,8 @@ class Builder:
             "source": f"{f.rel}:{start + 1}-{end}",
         }
 
-    def chat(self, index: int) -> dict[str, Any]:
+    def chat(self, index: int) -> tuple[dict[str, Any], int]:
+        """Training chat ``index`` and its rendered length in tokens (no generation prompt)."""
         # chats alternate conversation, question: each kind takes every range in turn
         lo, hi = self.cfg.ranges[(index // 2) % len(self.cfg.ranges)]
         goal = self.rng.randrange(lo, hi)
@@ -184,7 +185,9 @@ class Builder:
             kind = QUESTION_KINDS[(index // 2) % len(QUESTION_KINDS)]
             f, start, end = self.pick(max(16, goal - self.cfg.answer_room))
             ask = _ask(kind, f.rel, f.text(start, end), _function(f, start, end))
-            return {"id": f"long-train-{index:05d}", "messages": [{"role": "user", "content": ask}]}
+            messages = [{"role": "user", "content": ask}]
+            record = {"id": f"long-train-{index:05d}", "messages": messages}
+            return record, _rendered_len(self.tok, messages, False)
         f, start, end = self.pick(goal)
         end = min(len(f.lines), max(end, start + 2))  # a first part and one answer at least
         first = min(end - 1, max(start + 1, f.take(start, f.span_tokens(start, end) // 3)))
@@ -200,9 +203,11 @@ class Builder:
             at = stop
         # the code was sized without the template, fences and "Continue." turns: drop the
         # last answers until the rendered chat is below the range's top
-        while len(messages) > 2 and _rendered_len(self.tok, messages, False) >= hi:
+        tokens = _rendered_len(self.tok, messages, False)
+        while len(messages) > 2 and tokens >= hi:
             del messages[-2:]
-        return {"id": f"long-train-{index:05d}", "messages": messages}
+            tokens = _rendered_len(self.tok, messages, False)
+        return {"id": f"long-train-{index:05d}", "messages": messages}, tokens
 
 
 def _read(path: Path, tokenizer: Any) -> SourceFile | None:
@@ -274,8 +279,9 @@ def build_long_context(cfg: LongContextConfig, out_dir: Path, overwrite: bool = 
         raise ConfigError(f"tokenizer: {cfg.tokenizer}: not a tokenizer ({exc})") from None
     builder = Builder(cfg, tokenizer)
     prompts = [builder.prompt(i) for i in range(cfg.num_prompts)]
-    chats = [builder.chat(i) for i in range(cfg.num_train)]
-    chat_tokens = [_rendered_len(tokenizer, c["messages"], False) for c in chats]
+    made_chats = [builder.chat(i) for i in range(cfg.num_train)]
+    chats = [chat for chat, _ in made_chats]
+    chat_tokens = [tokens for _, tokens in made_chats]
     manifest = {
         "config": cfg.model_dump(mode="json"),
         "python": platform.python_version(),
