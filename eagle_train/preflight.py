@@ -20,7 +20,6 @@ from eagle_train.drafts.base import DraftSpec
 from eagle_train.drafts.vocab_loss import CHUNK_ELEMENTS, CUDA_CHUNK_ELEMENTS
 from eagle_train.errors import UserError
 from eagle_train.memory_plan import (
-    FP32,
     GIB,
     LayerShape,
     MemoryPlan,
@@ -35,6 +34,7 @@ from eagle_train.memory_plan import (
 from eagle_train.parallel import DistEnv, any_rank
 from eagle_train.run_config import RunConfig
 from eagle_train.target_model import FrozenTarget
+from eagle_train.target_model.frozen import matmul_upcasts
 
 log = logging.getLogger(__name__)
 HELD = ("target weights", "draft weights")
@@ -120,7 +120,7 @@ def plan_memory(
                 desc.hidden_size,
                 act_t,
                 subset=scored < desc.vocab_size,
-                upcast=env.device.type == "cpu" and act_t < FP32,
+                upcast=matmul_upcasts(env.device.type, target.dtype),
             ),
             "loss chunk": loss_chunk_bytes(acts.units, scored, chunk),
         },

@@ -67,11 +67,17 @@ class TargetFeatures:
 _ARGMAX_CHUNK_ELEMENTS = 2**23
 
 
+def matmul_upcasts(device_type: str, dtype: torch.dtype) -> bool:
+    """Whether ``matmul_weight`` copies a head of ``dtype`` on ``device_type`` to fp32 (the
+    memory pre-flight counts that copy)."""
+    return device_type == "cpu" and dtype in (torch.bfloat16, torch.float16)
+
+
 def matmul_weight(weight: Tensor) -> Tensor:
     """The head weight a logits matmul should use: on CPU a half-precision one in fp32 (its
     products are exact in fp32, and torch's bf16 matmul is ~10x slower on CPUs without bf16
     units), rounded back by ``head_logits``; elsewhere ``weight`` itself."""
-    if weight.device.type == "cpu" and weight.dtype in (torch.bfloat16, torch.float16):
+    if matmul_upcasts(weight.device.type, weight.dtype):
         return weight.float()
     return weight
 
