@@ -44,10 +44,12 @@ def run_sets(
     family: str = "llama",
     dtype: str = "bf16",
 ) -> list[str]:
-    """``key=value`` overrides of ``demo_config(algo)``: the tiny target, ``data`` as
-    data.train, ``out`` as train.output_dir, the tests' draft vocabulary, then ``extra``."""
+    """``key=value`` overrides of ``demo_config(algo)``: the tiny target saved in ``dtype``
+    (and run in it: the demo configs say bfloat16), ``data`` as data.train, ``out`` as
+    train.output_dir, the tests' draft vocabulary, then ``extra``."""
     return [
         f"target.path={target_path(world, family, dtype)}",
+        *(["target.dtype=float32"] if dtype == "fp32" else []),
         f"data.train={data}",
         f"train.output_dir={out}",
         *QUIET,

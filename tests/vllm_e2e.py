@@ -67,13 +67,11 @@ def train_and_export(
     CPU without bf16 units a bf16 step costs about three fp32 ones (DFlash's demo, 100 steps:
     60 s against 19 s, 2026-12-08). EAGLE-3's test keeps the bf16 path end to end."""
     data = regenerated_data(world, family, root)
-    as_trained = ["target.dtype=float32"] if dtype == "fp32" else []
     cfg = run_config(
         world,
         data,
         root / "run",
         "data.max_length=128",
-        *as_trained,
         *overrides,
         algo=config,
         family=family,

@@ -188,7 +188,6 @@ def test_loop_backpropagates_each_segment_of_a_partitioned_draft(
             tiny_world,
             tiny_llama_data,
             tmp_path / str(segments),
-            "target.dtype=float32",
             "data.micro_batch_size=2",
             "data.max_length=64",
             "train.max_steps=4",
